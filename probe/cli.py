@@ -1,0 +1,98 @@
+"""Command-line entry points: ``python -m probe`` and ``python -m probe.layers``.
+
+Both compose the same Hydra config (conf/, plus the user's ``--config-dir``). A user error is
+printed as one line and exits with status 1; Hydra reports config errors in its own words.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from probe.config import CONFIG_DIR
+from probe.errors import ProbeError
+
+__all__ = ["main", "list_layers_main"]
+
+log = logging.getLogger("probe")
+
+
+def _hydra_app(task):
+    return hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")(task)
+
+
+def _exit_on_user_error(task):
+    def wrapped(cfg: DictConfig) -> None:
+        try:
+            task(cfg)
+        except ProbeError as err:
+            print(f"probe: error: {err}", file=sys.stderr)
+            sys.exit(1)
+    return wrapped
+
+
+@_exit_on_user_error
+def _run(cfg: DictConfig) -> None:
+    from probe.runner import run
+
+    run(cfg)
+
+
+@_exit_on_user_error
+def _list_layers(cfg: DictConfig) -> None:
+    import torch
+
+    from probe.config import Reduce
+    from probe.device import resolve_device
+    from probe.hooks import reduce_tensor
+    from probe.layers import describe_layers
+    from probe.runner import build
+
+    model, dataset = build(cfg, resolve_device(cfg.device))
+    item = dataset[0]
+    sample = item[0] if isinstance(item, (tuple, list)) else item
+    reduce = Reduce[cfg.reduce.name if hasattr(cfg.reduce, "name") else str(cfg.reduce)]
+    itemsize = 2 if str(getattr(cfg.output.dtype, "name", cfg.output.dtype)) == "float16" else 4
+    rows = [("name", "type", "output shape", "bytes/sample")]
+    for info in describe_layers(model, sample):
+        if info.shape is None:
+            rows.append((info.name, info.type, "(not run)", "-"))
+            continue
+        shape = tuple(reduce_tensor(torch.empty((1, *info.shape), device="meta"), reduce).shape)
+        note = f" x{info.calls} calls" if info.calls > 1 else ""
+        size = itemsize * _prod(shape[1:])
+        rows.append((info.name, info.type, f"{tuple(shape[1:])}{note}", _human(size)))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        print("  ".join(cells).rstrip())
+
+
+def _prod(shape) -> int:
+    size = 1
+    for dim in shape:
+        size *= dim
+    return size
+
+
+def _human(size: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def main() -> None:
+    """``python -m probe``: run the pipeline."""
+    _hydra_app(_run)()
+
+
+def list_layers_main() -> None:
+    """``python -m probe.layers``: list the model's modules; writes no run folder."""
+    sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none",
+                 "hydra/hydra_logging=none"]
+    _hydra_app(_list_layers)()

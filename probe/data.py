@@ -1,0 +1,185 @@
+"""Datasets and the loader that feeds the runner rows of (dataset index, input, target).
+
+Any torch Dataset works; its items are a tensor or a (tensor, target) pair. Shipped here:
+``SyntheticImages`` (the embedded default, no files), ``image_folder`` and ``cifar10``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from probe.errors import ConfigError, DataError
+
+__all__ = [
+    "SyntheticImages",
+    "image_folder",
+    "cifar10",
+    "imagenet_transform",
+    "select_indices",
+    "has_targets",
+    "make_loader",
+]
+
+_IMAGENET_MEAN = (0.485, 0.456, 0.406)
+_IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class SyntheticImages(Dataset):
+    """Seeded images whose class shows in the pixels; item i is the same on every run.
+
+    Example::
+
+        ds = SyntheticImages(num_samples=8, image_size=32)
+        image, target = ds[3]          # (3, 32, 32) float32, int in [0, num_classes)
+
+    Each class has its own colour and stripe frequency; unit Gaussian noise lies on top, so a
+    linear probe on a model's features does well above chance even with random weights.
+    """
+
+    def __init__(self, num_samples: int = 64, image_size: int = 224, num_classes: int = 10,
+                 seed: int = 0):
+        for key, value in (("num_samples", num_samples), ("image_size", image_size),
+                           ("num_classes", num_classes)):
+            if int(value) < 1:
+                raise ConfigError(f"dataset.{key}={value} must be at least 1")
+        self.num_samples, self.image_size = int(num_samples), int(image_size)
+        self.num_classes, self.seed = int(num_classes), int(seed)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if not 0 <= index < self.num_samples:
+            raise IndexError(f"index {index} out of range for {self.num_samples} samples")
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        target = int(torch.randint(self.num_classes, (1,), generator=g))
+        noise = torch.randn(3, self.image_size, self.image_size, generator=g)
+        return noise + self._pattern(target), target
+
+    def _pattern(self, target: int) -> torch.Tensor:
+        colour = torch.randn(3, generator=torch.Generator().manual_seed(target)).view(3, 1, 1)
+        rows = torch.arange(self.image_size, dtype=torch.float32).view(1, -1, 1)
+        stripes = torch.sin(2 * math.pi * (target + 1) * rows / self.image_size)
+        return colour + stripes
+
+
+def imagenet_transform(image_size: int = 224):
+    """The standard ImageNet evaluation transform: resize, centre crop, to tensor, normalise."""
+    from torchvision import transforms
+
+    return transforms.Compose([
+        transforms.Resize(int(round(image_size * 256 / 224))),
+        transforms.CenterCrop(image_size),
+        transforms.ToTensor(),
+        transforms.Normalize(_IMAGENET_MEAN, _IMAGENET_STD),
+    ])
+
+
+def image_folder(root: str, image_size: int = 224) -> Dataset:
+    """torchvision's ImageFolder (root/<class>/<image>) with the ImageNet evaluation transform.
+
+    Raises:
+        DataError: root does not exist or holds no images in class subfolders.
+    """
+    from torchvision.datasets import ImageFolder
+
+    path = Path(root).expanduser()
+    if not path.is_dir():
+        raise DataError(
+            f"dataset.root={str(root)!r} is not a directory; point dataset.root at a folder "
+            "of class subfolders (root/<class>/<image>)"
+        )
+    try:
+        return ImageFolder(str(path), transform=imagenet_transform(image_size))
+    except FileNotFoundError as err:
+        raise DataError(f"dataset.root={str(root)!r}: {err}") from None
+
+
+def cifar10(root: str, train: bool = False, download: bool = False, image_size: int = 32):
+    """torchvision's CIFAR-10, normalised; resized when ``image_size`` is not 32.
+
+    Raises:
+        DataError: the files are not under root and download is false.
+    """
+    from torchvision import transforms
+    from torchvision.datasets import CIFAR10
+
+    steps = [transforms.ToTensor(), transforms.Normalize(_IMAGENET_MEAN, _IMAGENET_STD)]
+    if image_size != 32:
+        steps.insert(0, transforms.Resize(image_size))
+    try:
+        return CIFAR10(str(Path(root).expanduser()), train=train, download=download,
+                       transform=transforms.Compose(steps))
+    except RuntimeError as err:
+        if "not found" not in str(err).lower():
+            raise
+        raise DataError(
+            f"CIFAR-10 is not under dataset.root={str(root)!r}; put the extracted "
+            "cifar-10-batches-py there, or set dataset.download=true to fetch it"
+        ) from None
+
+
+def select_indices(size: int, limit: int | None = None, shard_index: int = 0,
+                   shard_count: int = 1) -> list[int]:
+    """The dataset indices one job writes, in order: the first ``limit``, then every
+    ``shard_count``-th starting at ``shard_index``.
+
+    Raises:
+        ConfigError: a bad limit or shard.
+    """
+    if limit is not None and limit < 1:
+        raise ConfigError(f"limit={limit} must be at least 1, or null for the whole dataset")
+    if shard_count < 1 or not 0 <= shard_index < shard_count:
+        raise ConfigError(
+            f"shard.index={shard_index}, shard.count={shard_count}: need count >= 1 and "
+            "0 <= index < count"
+        )
+    end = size if limit is None else min(size, limit)
+    indices = list(range(shard_index, end, shard_count))
+    if not indices:
+        raise ConfigError(
+            f"this job has no samples: the dataset has {size}, limit={limit}, "
+            f"shard {shard_index} of {shard_count}"
+        )
+    return indices
+
+
+def has_targets(dataset: Dataset) -> bool:
+    """Whether the dataset's items are (input, target) pairs rather than bare inputs."""
+    return isinstance(dataset[0], (tuple, list))
+
+
+class _Rows(Dataset):
+    """``dataset`` seen through ``indices``, as (dataset index, input, target or -1)."""
+
+    def __init__(self, dataset: Dataset, indices: list[int]):
+        self.dataset, self.indices = dataset, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        index = self.indices[i]
+        item = self.dataset[index]
+        if isinstance(item, (tuple, list)):
+            return index, item[0], int(item[1])
+        return index, item, -1
+
+
+def _collate(rows):
+    index, inputs, target = zip(*rows, strict=True)
+    return (torch.tensor(index, dtype=torch.int64), torch.stack(inputs),
+            torch.tensor(target, dtype=torch.int64))
+
+
+def make_loader(dataset: Dataset, indices: list[int], batch_size: int, num_workers: int = 0,
+                pin_memory: bool = False) -> DataLoader:
+    """Batches of (index, inputs, targets) over ``indices`` in order; targets are -1 where the
+    dataset has none."""
+    return DataLoader(_Rows(dataset, indices), batch_size=batch_size, shuffle=False,
+                      num_workers=num_workers, collate_fn=_collate, pin_memory=pin_memory,
+                      persistent_workers=False)

@@ -1,0 +1,268 @@
+"""Hooks owned by a context manager: attached on entry, every one removed on exit, even on error.
+
+``attach(model, layers, hooks)`` returns a ``Capture``. Inside the ``with`` block each forward pass
+leaves, under ``"<layer>/<kind>"``, a copy of what the hooked modules saw, taken at hook time (so
+an in-place op that runs later, such as vgg16's ReLU after ``features.28``, cannot change it).
+Gradient kinds are filled by ``Capture.backward(objective)``.
+
+    forward         -> <layer>/output        the module's output (first tensor of a tuple)
+    forward_pre     -> <layer>/input         the module's first positional input
+    backward        -> <layer>/grad_output   d objective / d output
+    backward_input  -> <layer>/grad_input    d objective / d first input
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+import torch
+from torch import nn
+from torch.autograd.graph import GradientEdge, get_gradient_edge
+
+from probe.config import Hook, Reduce
+from probe.errors import ConfigError
+from probe.layers import first_tensor, resolve_layers
+
+__all__ = ["attach", "Capture", "reduce_tensor", "parse_hooks"]
+
+
+def attach(model: nn.Module, layers: Iterable[str], hooks: Iterable[str | Hook] = ("forward",),
+           *, reduce: str | Reduce = "none", dtype: torch.dtype | None = None) -> Capture:
+    """Hooks on ``layers`` of ``model`` for the duration of a ``with`` block.
+
+    Example::
+
+        with probe.attach(model, ["features.28"]) as cap:
+            model(images)
+            conv_out = cap["features.28/output"]
+
+    Args:
+        model: the model; its mode and parameters are left as they are.
+        layers: module names or globs, as in the ``layers`` config key.
+        hooks: any of forward, forward_pre, backward, backward_input.
+        reduce: none, mean, max (over the axes after the channel axis) or flatten.
+        dtype: store copies in this dtype (None keeps the module's).
+
+    Raises:
+        ConfigError: an unknown layer or hook.
+    """
+    return Capture(model, layers, hooks, reduce=reduce, dtype=dtype)
+
+
+def parse_hooks(hooks: Iterable[str | Hook]) -> list[Hook]:
+    """Hook names (or members) as ``Hook`` members, in order, without repeats.
+
+    Raises:
+        ConfigError: an unknown name or an empty list.
+    """
+    parsed: list[Hook] = []
+    for hook in hooks:
+        if not isinstance(hook, Hook):
+            if str(hook) not in Hook.__members__:
+                raise ConfigError(
+                    f"hook {hook!r} is unknown; use any of {', '.join(Hook.__members__)}"
+                )
+            hook = Hook[str(hook)]
+        if hook not in parsed:
+            parsed.append(hook)
+    if not parsed:
+        raise ConfigError("hooks is empty; use e.g. 'hooks=[forward]'")
+    return parsed
+
+
+def reduce_tensor(tensor: torch.Tensor, how: Reduce) -> torch.Tensor:
+    """Reduce a (N, C, ...) tensor over its axes after C (mean, max) or flatten it to (N, -1)."""
+    if how is Reduce.none:
+        return tensor
+    if how is Reduce.flatten:
+        return tensor.flatten(1)
+    if tensor.dim() <= 2:
+        return tensor
+    axes = tuple(range(2, tensor.dim()))
+    return tensor.mean(axes) if how is Reduce.mean else tensor.amax(axes)
+
+
+class Capture:
+    """What hooked modules saw in the latest forward (and backward) pass.
+
+    Example::
+
+        with Capture(model, ["layer4"], ["forward", "backward"]) as cap:
+            logits = model(images.requires_grad_())
+            cap.backward(logits.amax(1).sum())
+            act, grad = cap["layer4/output"], cap["layer4/grad_output"]
+    """
+
+    def __init__(self, model: nn.Module, layers: Iterable[str],
+                 hooks: Iterable[str | Hook] = ("forward",), *, reduce: str | Reduce = "none",
+                 dtype: torch.dtype | None = None):
+        self.model = model
+        self.layers = resolve_layers(model, layers)
+        self.hooks = parse_hooks(hooks)
+        self.reduce = reduce if isinstance(reduce, Reduce) else Reduce(str(reduce))
+        self.dtype = dtype
+        # "<layer>/<kind>" -> position in the module's tuple output/input, where it was a tuple
+        self.tuple_positions: dict[str, int] = {}
+        self._values: dict[str, torch.Tensor] = {}
+        self._edges: dict[str, GradientEdge] = {}
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    @property
+    def keys(self) -> list[str]:
+        """Every "<layer>/<kind>" this capture fills, layer by layer."""
+        return [f"{layer}/{hook.kind}" for layer in self.layers for hook in self.hooks]
+
+    @property
+    def needs_grad(self) -> bool:
+        return any(hook.needs_grad for hook in self.hooks)
+
+    def attrs(self, key: str) -> dict:
+        """What the file records about the dataset "<layer>/<kind>"."""
+        layer, kind = key.rsplit("/", 1)
+        hook = next(h for h in self.hooks if h.kind == kind)
+        attrs = {"layer": layer, "hook": hook.name, "kind": kind, "reduce": self.reduce.name}
+        if self.dtype is not None:
+            attrs["dtype"] = str(self.dtype).removeprefix("torch.")
+        if key in self.tuple_positions:
+            attrs["tuple_position"] = self.tuple_positions[key]
+        return attrs
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    def __enter__(self) -> Capture:
+        modules = dict(self.model.named_modules())
+        try:
+            # a new forward pass starts: forget the last one's values
+            self._handles.append(self.model.register_forward_pre_hook(self._on_model_start))
+            wants_pre = {Hook.forward_pre, Hook.backward_input} & set(self.hooks)
+            wants_post = {Hook.forward, Hook.backward} & set(self.hooks)
+            for layer in self.layers:
+                if wants_pre:
+                    self._handles.append(modules[layer].register_forward_pre_hook(
+                        lambda module, args, layer=layer: self._on_input(layer, args)))
+                if wants_post:
+                    self._handles.append(modules[layer].register_forward_hook(
+                        lambda module, args, out, layer=layer: self._on_output(layer, out)))
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.remove()
+
+    def remove(self) -> None:
+        """Remove every hook, newest first, and drop references to the graph."""
+        while self._handles:
+            self._handles.pop().remove()
+        self._edges.clear()
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        try:
+            return self._values[key]
+        except KeyError:
+            raise KeyError(f"{key!r} was not captured; captured: {sorted(self._values)}") from None
+
+    @property
+    def values(self) -> Mapping[str, torch.Tensor]:
+        """A read-only view of the latest values, by "<layer>/<kind>"."""
+        return MappingProxyType(self._values)
+
+    def take(self) -> dict[str, torch.Tensor]:
+        """Hand over the latest values (every key, in ``keys`` order) and forget them.
+
+        Raises:
+            ConfigError: a hooked module did not run, or gradients were asked for but
+                ``backward`` was not called.
+        """
+        missing = [key for key in self.keys if key not in self._values]
+        if missing:
+            raise ConfigError(
+                f"nothing was captured for {', '.join(missing)}: the module did not run in the "
+                "forward pass (or backward was not called); choose layers that the forward uses"
+            )
+        values, self._values = {key: self._values[key] for key in self.keys}, {}
+        return values
+
+    # -- gradients ----------------------------------------------------------------------------
+
+    def backward(self, objective: torch.Tensor) -> None:
+        """Differentiate the scalar ``objective`` with respect to the hooked tensors only.
+
+        The gradients are taken at the graph edges recorded when each module ran, so an
+        in-place op applied afterwards (a ReLU(inplace=True) on a conv's output) does not shift
+        them: they are d objective / d the module's own output or input.
+
+        Raises:
+            ConfigError: the objective does not depend on a hooked layer.
+        """
+        keys = list(self._edges)
+        if not keys:
+            return
+        grads = torch.autograd.grad(objective, [self._edges[key] for key in keys],
+                                    allow_unused=True)
+        self._edges.clear()
+        for key, grad in zip(keys, grads, strict=True):
+            if grad is None:
+                raise ConfigError(
+                    f"the objective does not depend on {key.rsplit('/', 1)[0]!r}, so it has no "
+                    "gradient there; choose a layer that lies between the input and the output"
+                )
+            self._keep(key, grad, None)
+
+    # -- hooks --------------------------------------------------------------------------------
+
+    def _on_model_start(self, module, args) -> None:
+        self._values.clear()
+        self._edges.clear()
+
+    def _on_input(self, layer: str, args) -> None:
+        tensor, position = self._tensor_of(layer, args, "input")
+        if Hook.forward_pre in self.hooks:
+            self._keep(f"{layer}/input", tensor, position)
+        if Hook.backward_input in self.hooks:
+            self._record_edge(f"{layer}/grad_input", tensor, position)
+
+    def _on_output(self, layer: str, output) -> None:
+        tensor, position = self._tensor_of(layer, output, "output")
+        if Hook.forward in self.hooks:
+            self._keep(f"{layer}/output", tensor, position)
+        if Hook.backward in self.hooks:
+            self._record_edge(f"{layer}/grad_output", tensor, position)
+
+    def _tensor_of(self, layer: str, value, what: str) -> tuple[torch.Tensor, int | None]:
+        tensor, position = first_tensor(value)
+        if tensor is None:
+            raise ConfigError(f"layer {layer!r} has no tensor {what} to capture; choose another")
+        return tensor, position
+
+    def _keep(self, key: str, tensor: torch.Tensor, position: int | None) -> None:
+        _check_first_call(key, self._values)
+        if position is not None:
+            self.tuple_positions[key] = position
+        value = reduce_tensor(tensor.detach(), self.reduce)
+        # copy=True: a later in-place op must not reach what is stored
+        self._values[key] = value.to("cpu", self.dtype or value.dtype, copy=True)
+
+    def _record_edge(self, key: str, tensor: torch.Tensor, position: int | None) -> None:
+        _check_first_call(key, self._edges)
+        if not tensor.requires_grad:
+            raise ConfigError(
+                f"layer {key.rsplit('/', 1)[0]!r}: its {key.rsplit('_', 1)[1]} does not depend "
+                "on the input, so it has no gradient; choose a layer that the input flows through"
+            )
+        if position is not None:
+            self.tuple_positions[key] = position
+        self._edges[key] = get_gradient_edge(tensor)
+
+
+def _check_first_call(key: str, seen: Mapping[str, object]) -> None:
+    if key in seen:
+        raise ConfigError(
+            f"layer {key.rsplit('/', 1)[0]!r} ran more than once in one forward pass (a module "
+            "reused inside the model); probe stores one value per sample, so hook a module that "
+            "runs once"
+        )

@@ -1,0 +1,122 @@
+"""Layer names: resolve dotted paths and globs to modules, and list what a model offers.
+
+``resolve_layers`` turns the config's ``layers`` into module names, or fails naming the pattern,
+the closest real names and how to list them all. ``describe_layers`` runs one sample and reports
+every module's output shape and bytes per sample; ``python -m probe.layers model=...`` prints it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from probe.errors import ConfigError
+
+__all__ = ["resolve_layers", "describe_layers", "LayerInfo", "first_tensor"]
+
+_GLOB_CHARS = set("*?[")
+
+
+def resolve_layers(model: nn.Module, patterns: Iterable[str]) -> list[str]:
+    """Module names matching ``patterns``, in the model's module order, without repeats.
+
+    A pattern is a name as ``model.named_modules()`` gives it (``features.28``) or a shell-style
+    glob over those names (``features.2*``, ``layer4.*``).
+
+    Raises:
+        ConfigError: no patterns, or a pattern that matches no module.
+    """
+    patterns = [str(p) for p in patterns]
+    if not patterns:
+        raise ConfigError(
+            "layers is empty; name at least one module, e.g. 'layers=[features.28]' "
+            "(python -m probe.layers model=<model> lists them)"
+        )
+    names = [name for name, _ in model.named_modules() if name]
+    chosen: set[str] = set()
+    for pattern in patterns:
+        if _GLOB_CHARS & set(pattern):
+            hits = fnmatch.filter(names, pattern)
+        else:
+            hits = [pattern] if pattern in names else []
+        if not hits:
+            raise ConfigError(_unknown_layer_message(pattern, names))
+        chosen.update(hits)
+    return [name for name in names if name in chosen]
+
+
+def _unknown_layer_message(pattern: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(pattern, names, n=5, cutoff=0.5)
+    hint = f" Closest: {', '.join(close)}." if close else ""
+    return (
+        f"layer {pattern!r} matches no module of the model.{hint} "
+        "List them all with: python -m probe.layers model=<your model>"
+    )
+
+
+def first_tensor(value) -> tuple[torch.Tensor | None, int | None]:
+    """The tensor a hook stores from a module's input or output, and its position in a tuple
+    (None when the value is a tensor itself)."""
+    if isinstance(value, torch.Tensor):
+        return value, None
+    if isinstance(value, (tuple, list)):
+        for position, item in enumerate(value):
+            if isinstance(item, torch.Tensor):
+                return item, position
+    return None, None
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """One module as one sample sees it."""
+
+    name: str
+    type: str
+    shape: tuple[int, ...] | None  # output shape for one sample; None when the module did not run
+    calls: int  # how often the module ran in one forward pass
+
+    def bytes_per_sample(self, itemsize: int = 4) -> int:
+        size = itemsize
+        for dim in self.shape or ():
+            size *= dim
+        return size if self.shape is not None else 0
+
+
+def describe_layers(model: nn.Module, sample: torch.Tensor) -> list[LayerInfo]:
+    """Every named module with its output shape for one input sample (no batch axis).
+
+    The model's mode is untouched and every hook is removed before returning.
+    """
+    shapes: dict[str, tuple[int, ...]] = {}
+    calls: dict[str, int] = {}
+
+    def record(name):
+        def hook(module, args, output):
+            calls[name] = calls.get(name, 0) + 1
+            tensor, _ = first_tensor(output)
+            if tensor is not None and name not in shapes:
+                shapes[name] = tuple(tensor.shape[1:])
+        return hook
+
+    modules = [(name, module) for name, module in model.named_modules() if name]
+    handles = [module.register_forward_hook(record(name)) for name, module in modules]
+    try:
+        device = next(model.parameters(), torch.empty(0)).device
+        with torch.inference_mode():
+            model(sample.unsqueeze(0).to(device))
+    finally:
+        for handle in reversed(handles):
+            handle.remove()
+    return [LayerInfo(name, type(module).__name__, shapes.get(name), calls.get(name, 0))
+            for name, module in modules]
+
+
+if __name__ == "__main__":
+    from probe.cli import list_layers_main
+
+    list_layers_main()
