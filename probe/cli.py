@@ -46,14 +46,14 @@ def _list_layers(cfg: DictConfig) -> None:
     import torch
 
     from probe.config import Reduce
+    from probe.data import split_item
     from probe.device import resolve_device
     from probe.hooks import reduce_tensor
     from probe.layers import describe_layers
     from probe.runner import build
 
     model, dataset = build(cfg, resolve_device(cfg.device))
-    item = dataset[0]
-    sample = item[0] if isinstance(item, (tuple, list)) else item
+    sample, _ = split_item(dataset[0])
     reduce = Reduce[cfg.reduce.name if hasattr(cfg.reduce, "name") else str(cfg.reduce)]
     itemsize = 2 if str(getattr(cfg.output.dtype, "name", cfg.output.dtype)) == "float16" else 4
     rows = [("name", "type", "output shape", "bytes/sample")]

@@ -21,6 +21,7 @@ __all__ = [
     "imagenet_transform",
     "select_indices",
     "has_targets",
+    "split_item",
     "make_loader",
 ]
 
@@ -150,7 +151,27 @@ def select_indices(size: int, limit: int | None = None, shard_index: int = 0,
 
 def has_targets(dataset: Dataset) -> bool:
     """Whether the dataset's items are (input, target) pairs rather than bare inputs."""
-    return isinstance(dataset[0], (tuple, list))
+    return split_item(dataset[0])[1] is not None
+
+
+def split_item(item) -> tuple[torch.Tensor, int | None]:
+    """A dataset item as (input, integer target or None): items are a tensor, a 1-tuple, or
+    an (input, target, ...) tuple.
+
+    Raises:
+        ConfigError: the target is not a single integer class.
+    """
+    if not isinstance(item, (tuple, list)):
+        return item, None
+    if len(item) < 2:
+        return item[0], None
+    try:
+        return item[0], int(item[1])
+    except (TypeError, ValueError, RuntimeError):
+        raise ConfigError(
+            f"dataset targets must be single class numbers, got {type(item[1]).__name__}; "
+            "wrap the dataset so that its items are (input, int) or input alone"
+        ) from None
 
 
 class _Rows(Dataset):
@@ -164,10 +185,8 @@ class _Rows(Dataset):
 
     def __getitem__(self, i: int):
         index = self.indices[i]
-        item = self.dataset[index]
-        if isinstance(item, (tuple, list)):
-            return index, item[0], int(item[1])
-        return index, item, -1
+        inputs, target = split_item(self.dataset[index])
+        return index, inputs, -1 if target is None else target
 
 
 def _collate(rows):

@@ -221,6 +221,7 @@ class Capture:
 
     def _on_input(self, layer: str, args) -> None:
         tensor, position = self._tensor_of(layer, args, "input")
+        position = position or None  # the first positional input is the usual case, not a tuple
         if Hook.forward_pre in self.hooks:
             self._keep(f"{layer}/input", tensor, position)
         if Hook.backward_input in self.hooks:

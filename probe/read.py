@@ -60,12 +60,13 @@ class FeatureFile:
         attrs = self._file.attrs
         self.complete = bool(attrs.get("complete", False))
         if not self.complete and not allow_partial:
-            self._file.close()
-            raise OutputError(
+            message = (
                 f"{str(path)!r} is not complete ({int(attrs.get('num_committed', 0))} of "
                 f"{int(attrs.get('num_samples', 0))} rows); run the same command again to finish "
                 "it, or pass allow_partial=True to read the committed rows"
             )
+            self._file.close()
+            raise OutputError(message)
         self.num_rows = int(attrs["num_samples"] if self.complete else attrs["num_committed"])
 
     def __enter__(self) -> FeatureFile:

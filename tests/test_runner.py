@@ -1,0 +1,174 @@
+"""probe.run end to end on tiny inputs: layout, re-runs, refusals, and bad input."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import probe
+from probe.errors import ConfigError, DataError, DeviceError, OutputError, ProbeError
+from probe.store import partial_path
+
+
+def test_layout_and_attrs(make_cfg):
+    cfg = make_cfg("model=resnet18", "layers=[layer4,fc]", "hooks=[forward,forward_pre]")
+    path = probe.run(cfg)
+    with h5py.File(path, "r") as f:
+        assert f.attrs["complete"] and f.attrs["num_samples"] == 6
+        assert "model:" in f.attrs["config"] and f.attrs["probe_version"] == probe.__version__
+        assert {"torch_version", "created"} <= set(f.attrs)
+        assert f["index"].dtype == np.int64 and f["target"].dtype == np.int64
+        assert f["layer4/output"].shape == (6, 512, 1, 1)
+        assert f["layer4/input"].shape == (6, 256, 2, 2)
+        assert f["fc/output"].shape == (6, 1000)
+        assert f["layer4/output"].chunks[0] <= 6  # chunked along rows, never past the run
+        attrs = dict(f["layer4/input"].attrs)
+        assert attrs == {"layer": "layer4", "hook": "forward_pre", "kind": "input",
+                         "reduce": "none", "dtype": "float32"}
+        targets = [probe.data.SyntheticImages(6, 32)[i][1] for i in range(6)]
+        np.testing.assert_array_equal(f["target"][:], targets)
+    assert not partial_path(path).exists()
+
+
+def test_float16_and_reduce(make_cfg, tmp_path):
+    full = probe.run(make_cfg("model=resnet18", "layers=[layer3]"))
+    half = probe.run(make_cfg("model=resnet18", "layers=[layer3]", "output.dtype=float16",
+                              "reduce=mean", output=tmp_path / "half.h5"))
+    with h5py.File(full, "r") as a, h5py.File(half, "r") as b:
+        assert b["layer3/output"].dtype == np.float16
+        assert b["layer3/output"].attrs["reduce"] == "mean"
+        np.testing.assert_allclose(b["layer3/output"][:], a["layer3/output"][:].mean((2, 3)),
+                                   rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("compression", ["lzf", "gzip"])
+def test_compression_keeps_values(make_cfg, tmp_path, compression):
+    plain = probe.run(make_cfg("model=resnet18", "layers=[layer2]"))
+    packed = probe.run(make_cfg("model=resnet18", "layers=[layer2]",
+                                f"output.compression={compression}",
+                                output=tmp_path / f"{compression}.h5"))
+    with h5py.File(plain, "r") as a, h5py.File(packed, "r") as b:
+        assert b["layer2/output"].compression == compression
+        np.testing.assert_array_equal(a["layer2/output"][:], b["layer2/output"][:])
+
+
+def test_same_config_again_does_nothing(make_cfg):
+    path = probe.run(make_cfg("model=resnet18", "layers=[fc]"))
+    before = path.stat().st_mtime_ns
+    # batch_size does not change what is stored, so the finished file still counts
+    assert probe.run(make_cfg("model=resnet18", "layers=[fc]", "batch_size=2")) == path
+    assert path.stat().st_mtime_ns == before
+
+
+def test_other_config_is_refused_then_overwritten(make_cfg):
+    path = probe.run(make_cfg("model=resnet18", "layers=[fc]"))
+    content = path.read_bytes()
+    with pytest.raises(OutputError, match="differs in: layers"):
+        probe.run(make_cfg("model=resnet18", "layers=[layer4]"))
+    assert path.read_bytes() == content
+    probe.run(make_cfg("model=resnet18", "layers=[layer4]", "output.overwrite=true"))
+    with h5py.File(path, "r") as f:
+        assert list(f) == ["index", "layer4", "target"]
+
+
+def test_limit_and_shards_partition_the_samples(make_cfg, tmp_path):
+    rows = []
+    for index in range(2):
+        path = probe.run(make_cfg("model=resnet18", "layers=[fc]", "limit=5", "shard.count=2",
+                                  f"shard.index={index}", output=tmp_path / f"s{index}.h5"))
+        with probe.open(path) as f:
+            rows.append(f.index.tolist())
+            assert f.attrs["shard_index"] == index
+    assert rows == [[0, 2, 4], [1, 3]]
+
+
+def test_resume_after_committed_rows_equals_a_whole_run(make_cfg, tmp_path, monkeypatch):
+    whole = probe.run(make_cfg("model=resnet18", "layers=[layer4]", "batch_size=2",
+                               output=tmp_path / "whole.h5"))
+    target = tmp_path / "resumed.h5"
+    cfg = make_cfg("model=resnet18", "layers=[layer4]", "batch_size=2", output=target)
+
+    calls = {"n": 0}
+    original = probe.writer.BackgroundWriter.put
+
+    def put_then_fail(self, *args):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # as a Ctrl-C between batches would
+        original(self, *args)
+
+    monkeypatch.setattr(probe.writer.BackgroundWriter, "put", put_then_fail)
+    with pytest.raises(KeyboardInterrupt):
+        probe.run(cfg)
+    monkeypatch.undo()
+    with probe.open(target, allow_partial=True) as f:
+        assert f.num_rows == 4 and not f.complete
+    with pytest.raises(OutputError, match="not finished"):
+        probe.open(target)
+    probe.run(cfg)
+    with h5py.File(whole, "r") as a, h5py.File(target, "r") as b:
+        for key in ("index", "target", "layer4/output"):
+            np.testing.assert_array_equal(a[key][:], b[key][:])
+
+
+def _no_h5(directory):
+    return not list(directory.rglob("*.h5*"))
+
+
+@pytest.mark.parametrize("overrides, error, message", [
+    (["model=torchvision", "model.name=vgg61", "layers=[x]"], ConfigError, "vgg16"),
+    (["model=torchvision", "layers=[x]"], ConfigError, "model.name"),
+    (["model=resnet18", "model.weights=IMAGENET9K", "layers=[fc]"], ConfigError, "IMAGENET1K_V1"),
+    (["model=resnet18", "model.weights=/nope/w.pt", "layers=[fc]"], DataError, "/nope/w.pt"),
+    (["model=resnet18", "layers=[layer5]"], ConfigError, "layer4"),
+    (["model=resnet18", "layers=[layer9.*]"], ConfigError, "python -m probe.layers"),
+    (["model=resnet18", "layers=[]"], ConfigError, "layers is empty"),
+    (["model=resnet18", "layers=[layer1.0.relu]"], ConfigError, "more than once"),
+    (["model=resnet18", "layers=[fc]", "batch_size=0"], ConfigError, "batch_size=0"),
+    (["model=resnet18", "layers=[fc]", "limit=0"], ConfigError, "limit=0"),
+    (["model=resnet18", "layers=[fc]", "shard.index=2", "shard.count=2"], ConfigError, "shard"),
+    (["model=resnet18", "layers=[fc]", "device=cuda:7"], DeviceError, "cuda:7"),
+    (["model=resnet18", "layers=[fc]", "device=tpu"], ConfigError, "tpu"),
+    (["model=resnet18", "layers=[fc]", "dataset=imagefolder", "dataset.root=/nope"],
+     DataError, "/nope"),
+    (["model=resnet18", "layers=[fc]", "dataset=cifar10", "dataset.root=/nope"],
+     DataError, "dataset.download=true"),
+])
+def test_bad_input_is_one_clear_error_and_no_file(make_cfg, tmp_path, overrides, error,
+                                                  message):
+    with pytest.raises(error, match=message.replace(".", r"\.").replace("*", r"\*")) as info:
+        probe.run(make_cfg(*overrides))
+    assert isinstance(info.value, ProbeError)
+    assert "\n" not in str(info.value)
+    assert _no_h5(tmp_path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_cuda_is_an_error_without_cuda(make_cfg, tmp_path):
+    with pytest.raises(DeviceError, match="device=cpu"):
+        probe.run(make_cfg("model=resnet18", "layers=[fc]", "device=cuda"))
+    assert _no_h5(tmp_path)
+
+
+def test_unwritable_output_directory(make_cfg, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(OutputError, match="cannot write to the output directory"):
+        probe.run(make_cfg("model=resnet18", "layers=[fc]", output=blocker / "out" / "f.h5"))
+
+
+def test_output_path_is_required_outside_hydra(make_cfg):
+    cfg = make_cfg("model=resnet18", "layers=[fc]")
+    cfg.output.path = None
+    with pytest.raises(OutputError, match="output.path"):
+        probe.run(cfg)
+
+
+def test_a_file_that_is_not_ours_is_refused(make_cfg, tmp_path):
+    path = tmp_path / "features.h5"
+    path.write_text("something else")
+    with pytest.raises(OutputError, match="not a readable probe file"):
+        probe.run(make_cfg("model=resnet18", "layers=[fc]"))
+    assert path.read_text() == "something else"
