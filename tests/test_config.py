@@ -48,7 +48,8 @@ def _cifar_tree(root):
     folder.mkdir(parents=True)
     batch = {"data": np.zeros((3, 3072), np.uint8), "labels": [0, 1, 2]}
     (folder / "test_batch").write_bytes(pickle.dumps(batch))
-    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [str(i) for i in range(10)]}))
+    meta = {"label_names": [str(i) for i in range(10)]}
+    (folder / "batches.meta").write_bytes(pickle.dumps(meta))
     return root
 
 
