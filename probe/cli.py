@@ -30,7 +30,7 @@ def _exit_on_user_error(task):
             task(cfg)
         except ProbeError as err:
             print(f"probe: error: {err}", file=sys.stderr)
-            sys.exit(1)
+            sys.exit(getattr(err, "exit_code", 1))
     return wrapped
 
 

@@ -92,6 +92,11 @@ class OutputConfig:
     compression: Compression = Compression.none
     # gzip level 0-9 or zstd level 1-22; null means the filter's default
     compression_level: int | None = None
+    # rows become durable (resumable after a crash) every this many batches or seconds
+    commit_every: int = 8
+    commit_seconds: float = 5.0
+    # refuse to start a run whose estimated size exceeds the free disk space
+    check_free_space: bool = True
 
 
 @dataclass
@@ -108,6 +113,8 @@ class ProbeConfig:
     objective: Any = "top1"
     # reduction of each captured tensor before storage
     reduce: Reduce = Reduce.none
+    # forward-only runs stop each forward pass once every hooked module has run (false: run it all)
+    stop_early: bool = True
     # auto | cpu | cuda | cuda:N | mps
     device: str = "auto"
     batch_size: int = 16

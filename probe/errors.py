@@ -1,6 +1,6 @@
 """The exceptions a user can cause. The CLI prints their message alone and exits non-zero."""
 
-__all__ = ["ProbeError", "ConfigError", "OutputError", "DataError", "DeviceError"]
+__all__ = ["ProbeError", "ConfigError", "OutputError", "DataError", "DeviceError", "RunStopped"]
 
 
 class ProbeError(Exception):
@@ -21,3 +21,14 @@ class DataError(ProbeError, FileNotFoundError):
 
 class DeviceError(ProbeError, RuntimeError):
     """The configured device is not available on this machine."""
+
+
+class RunStopped(ProbeError, RuntimeError):
+    """SIGINT or SIGTERM stopped a run at a batch boundary; its committed rows are kept.
+
+    ``exit_code`` is 128 + the signal number, as a shell reports a process ended by it.
+    """
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -24,7 +24,12 @@ from probe.config import Hook, Reduce
 from probe.errors import ConfigError
 from probe.layers import first_tensor, resolve_layers
 
-__all__ = ["attach", "Capture", "reduce_tensor", "parse_hooks"]
+__all__ = ["attach", "Capture", "StopForward", "reduce_tensor", "parse_hooks"]
+
+
+class StopForward(Exception):
+    """Raised by the last hook a forward pass needs, once ``Capture.stop_early`` is armed: the
+    layers after it would compute nothing that is stored. The runner catches it."""
 
 
 def attach(model: nn.Module, layers: Iterable[str], hooks: Iterable[str | Hook] = ("forward",),
@@ -96,12 +101,18 @@ class Capture:
 
     def __init__(self, model: nn.Module, layers: Iterable[str],
                  hooks: Iterable[str | Hook] = ("forward",), *, reduce: str | Reduce = "none",
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, stop_early: bool = False):
         self.model = model
         self.layers = resolve_layers(model, layers)
         self.hooks = parse_hooks(hooks)
         self.reduce = reduce if isinstance(reduce, Reduce) else Reduce(str(reduce))
         self.dtype = dtype
+        # forward-only: after a first complete pass shows every hooked module runs once, raise
+        # StopForward as soon as the last value of a pass is taken
+        self.stop_early = stop_early and not self.needs_grad
+        self._armed = False
+        # set by take() when copies from a CUDA device are still in flight
+        self.copied: torch.cuda.Event | None = None
         # "<layer>/<kind>" -> position in the module's tuple output/input, where it was a tuple
         self.tuple_positions: dict[str, int] = {}
         self._values: dict[str, torch.Tensor] = {}
@@ -116,6 +127,12 @@ class Capture:
     @property
     def needs_grad(self) -> bool:
         return any(hook.needs_grad for hook in self.hooks)
+
+    @property
+    def wants_input_grad(self) -> bool:
+        """Whether the graph must start at the model's input: a gradient at a module's input
+        counts every path from that tensor, including paths that bypass the module."""
+        return Hook.backward_input in self.hooks
 
     def attrs(self, key: str) -> dict:
         """What the file records about the dataset "<layer>/<kind>"."""
@@ -135,7 +152,7 @@ class Capture:
         try:
             # a new forward pass starts: forget the last one's values
             self._handles.append(self.model.register_forward_pre_hook(self._on_model_start))
-            wants_pre = {Hook.forward_pre, Hook.backward_input} & set(self.hooks)
+            wants_pre = {Hook.forward_pre, Hook.backward_input, Hook.backward} & set(self.hooks)
             wants_post = {Hook.forward, Hook.backward} & set(self.hooks)
             for layer in self.layers:
                 if wants_pre:
@@ -185,6 +202,11 @@ class Capture:
                 "forward pass (or backward was not called); choose layers that the forward uses"
             )
         values, self._values = {key: self._values[key] for key in self.keys}, {}
+        self._armed = self.stop_early
+        self.copied = None
+        if any(value.is_pinned() for value in values.values()):
+            self.copied = torch.cuda.Event()
+            self.copied.record()
         return values
 
     # -- gradients ----------------------------------------------------------------------------
@@ -202,8 +224,11 @@ class Capture:
         keys = list(self._edges)
         if not keys:
             return
-        grads = torch.autograd.grad(objective, [self._edges[key] for key in keys],
-                                    allow_unused=True)
+        if objective.requires_grad:
+            grads = torch.autograd.grad(objective, [self._edges[key] for key in keys],
+                                        allow_unused=True)
+        else:  # no hooked tensor leads to it
+            grads = [None] * len(keys)
         self._edges.clear()
         for key, grad in zip(keys, grads, strict=True):
             if grad is None:
@@ -219,13 +244,21 @@ class Capture:
         self._values.clear()
         self._edges.clear()
 
-    def _on_input(self, layer: str, args) -> None:
+    def _on_input(self, layer: str, args):
         tensor, position = self._tensor_of(layer, args, "input")
         position = position or None  # the first positional input is the usual case, not a tuple
         if Hook.forward_pre in self.hooks:
             self._keep(f"{layer}/input", tensor, position)
         if Hook.backward_input in self.hooks:
             self._record_edge(f"{layer}/grad_input", tensor, position)
+        elif Hook.backward in self.hooks and torch.is_grad_enabled() and not tensor.requires_grad:
+            # Start the graph here, not at the model's input: nothing upstream of a hooked
+            # module is recorded. Only d/d outputs are asked for, and what lies downstream of
+            # this module's output is unchanged. (The clone is not a leaf, so a module that
+            # works in place on its input, like ReLU(inplace=True), still may.)
+            start = tensor.detach().requires_grad_().clone()
+            return (*args[:position or 0], start, *args[(position or 0) + 1:])
+        return None
 
     def _on_output(self, layer: str, output) -> None:
         tensor, position = self._tensor_of(layer, output, "output")
@@ -245,8 +278,16 @@ class Capture:
         if position is not None:
             self.tuple_positions[key] = position
         value = reduce_tensor(tensor.detach(), self.reduce)
-        # copy=True: a later in-place op must not reach what is stored
-        self._values[key] = value.to("cpu", self.dtype or value.dtype, copy=True)
+        dtype = self.dtype or value.dtype
+        if value.device.type == "cuda":
+            # enqueued now, so it reads the value before any later in-place op on the stream
+            host = torch.empty(value.shape, dtype=dtype, pin_memory=True)
+            self._values[key] = host.copy_(value.to(dtype), non_blocking=True)
+        else:
+            # copy=True: a later in-place op must not reach what is stored
+            self._values[key] = value.to("cpu", dtype, copy=True)
+        if self._armed and len(self._values) == len(self.keys):
+            raise StopForward
 
     def _record_edge(self, key: str, tensor: torch.Tensor, position: int | None) -> None:
         _check_first_call(key, self._edges)

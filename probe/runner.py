@@ -7,8 +7,10 @@ each batch's captures to a writer thread; the hooks are removed whether the run 
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from enum import Enum
 from pathlib import Path
 
@@ -17,12 +19,12 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from tqdm import tqdm
 
-from probe.data import has_targets, make_loader, select_indices
+from probe.data import has_targets, make_loader, select_indices, split_item
 from probe.device import resolve_device
-from probe.errors import ConfigError, OutputError
-from probe.hooks import Capture, parse_hooks
+from probe.errors import ConfigError, OutputError, RunStopped
+from probe.hooks import Capture, StopForward, parse_hooks
 from probe.objectives import make_objective, per_sample
-from probe.store import Store, check_output
+from probe.store import Store, check_free_space, check_output
 from probe.writer import BackgroundWriter
 
 __all__ = ["run", "build", "output_path"]
@@ -35,11 +37,12 @@ _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 def run(cfg: DictConfig) -> Path:
     """Run the pipeline that ``cfg`` describes; return the path of the finished file.
 
-    Re-running a config whose file is complete does nothing; a run stopped part-way resumes
-    after its last committed rows.
+    Re-running a config whose file is complete does nothing; a run stopped part-way (a crash,
+    SIGKILL, SIGINT, SIGTERM) resumes after its last committed rows.
 
     Raises:
-        ProbeError: a config value, file or device that cannot work (nothing is written).
+        ProbeError: a config value, file or device that cannot work (nothing is written), or
+            ``RunStopped`` when a signal stopped the run (the committed rows are kept).
     """
     _check_numbers(cfg)
     hooks = parse_hooks(_names(cfg.hooks))
@@ -60,26 +63,40 @@ def run(cfg: DictConfig) -> Path:
             "objective=target but the dataset has no targets; use objective=top1 or a dataset "
             "whose items are (input, target)"
         )
-
     capture = Capture(model, cfg.layers, hooks, reduce=_name(cfg.reduce),
-                      dtype=_TORCH_DTYPES[_name(cfg.output.dtype)])
-    log.info("model %s on %s; %d layers x %s; %d samples -> %s", type(model).__name__, device,
-             len(capture.layers), [h.name for h in hooks], len(indices), path)
+                      dtype=_TORCH_DTYPES[_name(cfg.output.dtype)],
+                      stop_early=bool(cfg.stop_early))
+    row_bytes = _bytes_per_row(capture, dataset[indices[0]], device)
+    log.info("model %s on %s; %d layers x %s; %d samples of %.2f MiB -> %s",
+             type(model).__name__, device, len(capture.layers), [h.name for h in hooks],
+             len(indices), row_bytes / 2**20, path)
+    if cfg.output.check_free_space:
+        check_free_space(path.parent, row_bytes * (len(indices) - resume_from))
+
     store = Store(path, config_yaml=config_yaml, num_rows=len(indices), has_target=with_target,
                   resume_from=resume_from, dtype=_name(cfg.output.dtype),
                   compression=_name(cfg.output.compression),
                   compression_level=cfg.output.compression_level,
                   attrs=_run_attrs(cfg, capture, objective_name))
+    writer = BackgroundWriter(store, attrs_for=capture.attrs,
+                              commit_every_batches=int(cfg.output.commit_every),
+                              commit_every_seconds=float(cfg.output.commit_seconds))
     started = time.perf_counter()
-    writer = BackgroundWriter(store, attrs_for=capture.attrs)
     try:
         loader = make_loader(dataset, indices[resume_from:], int(cfg.batch_size),
                              int(cfg.num_workers), pin_memory=device.type == "cuda")
-        with capture, _frozen_parameters(model, capture.needs_grad):
-            _loop(model, loader, capture, writer, objective, device,
+        with capture, _frozen_parameters(model, capture.needs_grad), _stop_signals() as stop:
+            _loop(model, loader, capture, writer, objective, device, stop,
                   total=len(indices), done=resume_from)
         writer.close()
         store.finish()
+    except _Stopped as stopped:
+        _close_after_failure(writer, store)
+        raise RunStopped(
+            f"stopped by {stopped.signal.name} with {store.num_committed} of {len(indices)} rows "
+            f"saved in {store.partial}; run the same command again to resume",
+            exit_code=128 + int(stopped.signal),
+        ) from None
     except BaseException:
         _close_after_failure(writer, store)
         raise
@@ -90,22 +107,76 @@ def run(cfg: DictConfig) -> Path:
 
 
 def _loop(model: nn.Module, loader, capture: Capture, writer: BackgroundWriter, objective,
-          device: torch.device, *, total: int, done: int) -> None:
+          device: torch.device, stop: list, *, total: int, done: int) -> None:
     """The main loop: one forward (and backward) per batch, captures handed to the writer."""
     with tqdm(total=total, initial=done, unit="sample", dynamic_ncols=True, mininterval=1.0,
               desc="probe") as bar:
         for index, inputs, targets in loader:
             inputs = inputs.to(device, non_blocking=True)
             if capture.needs_grad:
-                # the graph starts at the input; parameters are frozen, so no weight gradients
+                # parameters are frozen: the graph starts at the hooked modules (or at the
+                # input, when gradients at a module's input are asked for)
                 with torch.enable_grad():
-                    output = model(inputs.requires_grad_(True))
+                    output = model(inputs.requires_grad_(capture.wants_input_grad))
                     capture.backward(per_sample(objective, output, targets).sum())
             else:
-                with torch.inference_mode():
+                # StopForward: every hooked module has run, the rest of the model is not needed
+                with torch.inference_mode(), suppress(StopForward):
                     model(inputs)
-            writer.put(index, targets, capture.take())
+            writer.put(index, targets, capture.take(), ready=capture.copied)
             bar.update(len(index))
+            if stop:
+                raise _Stopped(stop[0])
+
+
+class _Stopped(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signal = signal.Signals(signum)
+
+
+@contextmanager
+def _stop_signals():
+    """SIGINT and SIGTERM (Ctrl-C; SLURM before preemption or the time limit) ask the loop to
+    stop at the next batch boundary. A second one acts as it would without probe."""
+    requested: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield requested  # signal handlers can only be set from the main thread
+        return
+    previous: dict[int, object] = {}
+
+    def handler(signum, frame):
+        requested.append(signum)
+        signal.signal(signum, previous[signum])
+        log.warning("%s received: stopping after this batch", signal.Signals(signum).name)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.signal(signum, handler)
+    try:
+        yield requested
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def _bytes_per_row(capture: Capture, item, device: torch.device) -> int:
+    """Bytes that one sample adds to the file, from a forward pass on that sample alone (which
+    also finds unknown, unused or reused layers before any file is made)."""
+    sample, _ = split_item(item)
+    kinds = {"output": "forward", "grad_output": "forward", "input": "forward_pre",
+             "grad_input": "forward_pre"}
+    probe_hooks = sorted({kinds[h.kind] for h in capture.hooks})
+    dry = Capture(capture.model, capture.layers, probe_hooks, reduce=capture.reduce,
+                  dtype=capture.dtype)
+    with dry, torch.inference_mode():
+        capture.model(sample.unsqueeze(0).to(device))
+        seen = dry.take()
+    size = 16  # index and target
+    for key in capture.keys:
+        layer, kind = key.rsplit("/", 1)
+        value = seen[f"{layer}/{kind.removeprefix('grad_')}"]
+        size += value[0].numel() * value.element_size()
+    return size
 
 
 def _close_after_failure(writer: BackgroundWriter, store: Store) -> None:

@@ -18,6 +18,7 @@ import datetime as _dt
 import logging
 import math
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -28,12 +29,14 @@ import yaml
 
 from probe.errors import ConfigError, OutputError
 
-__all__ = ["Store", "partial_path", "check_output", "IGNORED_KEYS"]
+__all__ = ["Store", "partial_path", "check_output", "check_free_space", "IGNORED_KEYS"]
 
 log = logging.getLogger(__name__)
 
 # Keys that do not change what is stored: they may differ between a run and its resumption.
-IGNORED_KEYS = ("batch_size", "num_workers", "device", "output.path", "output.overwrite")
+IGNORED_KEYS = ("batch_size", "num_workers", "device", "stop_early", "output.path",
+                "output.overwrite", "output.commit_every", "output.commit_seconds",
+                "output.check_free_space")
 _CHUNK_BYTES = 2 << 20  # aim for about 2 MiB per chunk (h5py advises 10 KiB to a few MiB)
 
 
@@ -67,6 +70,23 @@ def check_output(path: Path, config_yaml: str, overwrite: bool) -> int | None:
             log.info("resuming %s after %d committed rows", partial, committed)
         return committed
     return 0
+
+
+def check_free_space(directory: Path, needed: int) -> None:
+    """Refuse a run whose estimated size does not fit on the disk that holds ``directory``.
+
+    Raises:
+        OutputError: with both numbers, and how to skip the check.
+    """
+    free = shutil.disk_usage(directory).free
+    log.info("estimated size %.1f MiB; %.1f MiB free in %s", needed / 2**20, free / 2**20,
+             directory)
+    if needed > free:
+        raise OutputError(
+            f"the run needs about {needed / 2**30:.2f} GiB but {str(directory)!r} has "
+            f"{free / 2**30:.2f} GiB free; free space, choose another output.path, use "
+            "reduce=mean or output.dtype=float16, or set output.check_free_space=false"
+        )
 
 
 def _check_writable(directory: Path) -> None:

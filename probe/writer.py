@@ -43,9 +43,12 @@ class BackgroundWriter:
         self._thread = threading.Thread(target=self._work, name="probe-writer", daemon=True)
         self._thread.start()
 
-    def put(self, index, target, values) -> None:
-        """Queue one batch; blocks while ``max_pending`` batches wait. Raises a write error."""
-        item = (index, target, values)
+    def put(self, index, target, values, ready=None) -> None:
+        """Queue one batch; blocks while ``max_pending`` batches wait. Raises a write error.
+
+        ``ready`` is a CUDA event that completes when the device-to-host copies of ``values``
+        have landed (None for values already on the host)."""
+        item = (index, target, values, ready)
         while True:
             self._raise_if_failed()
             try:
@@ -69,7 +72,10 @@ class BackgroundWriter:
         batches, last_commit = 0, time.monotonic()
         try:
             while (item := self._queue.get()) is not _STOP:
-                self.store.append(*item, attrs_for=self.attrs_for)
+                index, target, values, ready = item
+                if ready is not None:
+                    ready.synchronize()
+                self.store.append(index, target, values, attrs_for=self.attrs_for)
                 batches += 1
                 if (batches % self._commit_batches == 0
                         or time.monotonic() - last_commit >= self._commit_seconds):

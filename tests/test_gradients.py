@@ -156,14 +156,15 @@ def test_forward_only_runs_in_inference_mode(make_cfg, monkeypatch):
 
     def build(cfg, device):
         model, dataset = original(cfg, device)
-        model.register_forward_hook(lambda *_: modes.append(torch.is_inference_mode_enabled()))
+        model.fc.register_forward_hook(lambda *_: modes.append(torch.is_inference_mode_enabled()))
         return model, dataset
 
     monkeypatch.setattr(probe.runner, "build", build)
     probe.run(make_cfg("model=resnet18", "layers=[fc]"))
     probe.run(make_cfg("model=resnet18", "layers=[fc]", "hooks=[backward]",
                        "output.overwrite=true"))
-    assert modes == [True, True, False, False]
+    # each run: the one-sample size estimate (always inference mode), then two batches
+    assert modes == [True, True, True] + [True, False, False]
 
 
 def whole_batch(output, targets):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import probe
+import probe.writer
 from probe.errors import ConfigError, DataError, DeviceError, OutputError, ProbeError
 from probe.store import partial_path
 
@@ -93,11 +94,11 @@ def test_resume_after_committed_rows_equals_a_whole_run(make_cfg, tmp_path, monk
     calls = {"n": 0}
     original = probe.writer.BackgroundWriter.put
 
-    def put_then_fail(self, *args):
+    def put_then_fail(self, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt  # as a Ctrl-C between batches would
-        original(self, *args)
+        original(self, *args, **kwargs)
 
     monkeypatch.setattr(probe.writer.BackgroundWriter, "put", put_then_fail)
     with pytest.raises(KeyboardInterrupt):
