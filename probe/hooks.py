@@ -107,8 +107,8 @@ class Capture:
         self.hooks = parse_hooks(hooks)
         self.reduce = reduce if isinstance(reduce, Reduce) else Reduce(str(reduce))
         self.dtype = dtype
-        # forward-only: after a first complete pass shows every hooked module runs once, raise
-        # StopForward as soon as the last value of a pass is taken
+        # forward-only: once a complete pass has shown that every hooked module runs, and runs
+        # once, raise StopForward as soon as a pass has given its last value
         self.stop_early = stop_early and not self.needs_grad
         self._armed = False
         # set by take() when copies from a CUDA device are still in flight
@@ -284,8 +284,10 @@ class Capture:
             host = torch.empty(value.shape, dtype=dtype, pin_memory=True)
             self._values[key] = host.copy_(value.to(dtype), non_blocking=True)
         else:
-            # copy=True: a later in-place op must not reach what is stored
-            self._values[key] = value.to("cpu", dtype, copy=True)
+            # A copy, so that a later in-place op cannot reach what is stored; except for the
+            # last value of a pass that stops right after it, which nothing can change.
+            last = self._armed and len(self._values) == len(self.keys) - 1
+            self._values[key] = value.to("cpu", dtype, copy=not last)
         if self._armed and len(self._values) == len(self.keys):
             raise StopForward
 

@@ -160,14 +160,17 @@ def _stop_signals():
 
 
 def _bytes_per_row(capture: Capture, item, device: torch.device) -> int:
-    """Bytes that one sample adds to the file, from a forward pass on that sample alone (which
-    also finds unknown, unused or reused layers before any file is made)."""
+    """Bytes that one sample adds to the file, from a full forward pass on that sample alone.
+
+    The pass also finds unused or reused layers before any file is made, and for a
+    forward-only run it is ``capture``'s first complete pass, which arms its early stop."""
     sample, _ = split_item(item)
-    kinds = {"output": "forward", "grad_output": "forward", "input": "forward_pre",
-             "grad_input": "forward_pre"}
-    probe_hooks = sorted({kinds[h.kind] for h in capture.hooks})
-    dry = Capture(capture.model, capture.layers, probe_hooks, reduce=capture.reduce,
-                  dtype=capture.dtype)
+    dry = capture
+    if capture.needs_grad:  # gradients have the shapes of the outputs and inputs they belong to
+        kinds = {"output": "forward", "grad_output": "forward", "input": "forward_pre",
+                 "grad_input": "forward_pre"}
+        dry = Capture(capture.model, capture.layers, sorted({kinds[h.kind] for h in capture.hooks}),
+                      reduce=capture.reduce, dtype=capture.dtype)
     with dry, torch.inference_mode():
         capture.model(sample.unsqueeze(0).to(device))
         seen = dry.take()

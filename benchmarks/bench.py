@@ -1,0 +1,227 @@
+"""probe against the bare model loop and the raw disk write, measured in one process.
+
+    python benchmarks/bench.py                 # every case (about 10 minutes on 2 CPU cores)
+    python benchmarks/bench.py --case light    # one case: light, heavy, grad, memory, startup
+
+Each timed case runs probe and its baseline alternately ``--repeat`` times on the same model
+object, data and disk, and prints medians and their ratio. The machine may be shared and noisy:
+compare the ratios, not the seconds. Numbers for the README come from this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from torch import nn
+
+import probe
+import probe.runner
+from probe.config import CONFIG_DIR
+from probe.data import SyntheticImages, make_loader
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cfg(overrides: list[str], out: Path):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", [*overrides, f"output.path={out}", "output.overwrite=true"])
+
+
+def _probe_run(model: nn.Module, dataset, overrides: list[str], out: Path) -> float:
+    """Seconds for probe.run, with the model and dataset built once outside the timing."""
+    original = probe.runner.build
+    probe.runner.build = lambda cfg, device: (model, dataset)
+    cfg = _cfg(overrides, out)  # composing is start-up (case 5), not the run
+    try:
+        started = time.perf_counter()
+        probe.run(cfg)
+        return time.perf_counter() - started
+    finally:
+        probe.runner.build = original
+        out.unlink(missing_ok=True)
+
+
+def _batches(dataset, batch_size: int):
+    return make_loader(dataset, list(range(len(dataset))), batch_size)
+
+
+def _bare_forward(head: nn.Module, dataset, batch_size: int) -> float:
+    """The model up to the last hooked layer, keeping nothing."""
+    started = time.perf_counter()
+    with torch.inference_mode():
+        for _, x, _ in _batches(dataset, batch_size):
+            head(x)
+    return time.perf_counter() - started
+
+
+def _raw_write(nbytes_per_row: int, rows: int, batch_size: int, directory: Path) -> float:
+    """Writing the same number of bytes with numpy to the same disk, batch by batch."""
+    block = torch.rand(batch_size, nbytes_per_row // 4).numpy()
+    path = directory / "raw.bin"
+    started = time.perf_counter()
+    with open(path, "wb") as f:
+        for start in range(0, rows, batch_size):
+            block[: min(batch_size, rows - start)].tofile(f)
+    elapsed = time.perf_counter() - started
+    path.unlink()
+    return elapsed
+
+
+def _median_pair(first, second, repeat: int) -> tuple[float, float]:
+    a, b = [], []
+    for _ in range(repeat):
+        a.append(first())
+        b.append(second())
+    return statistics.median(a), statistics.median(b)
+
+
+def _report(name: str, probe_s: float, base_name: str, base_s: float, target: float) -> None:
+    ratio = probe_s / base_s
+    verdict = "meets" if ratio <= target else "MISSES"
+    print(f"{name:<34} probe {probe_s:7.2f} s  {base_name} {base_s:7.2f} s  "
+          f"ratio {ratio:5.2f} ({verdict} <= {target:.2f})", flush=True)
+
+
+def _vgg16() -> nn.Module:
+    torch.manual_seed(0)
+    import torchvision
+
+    return torchvision.models.vgg16().eval()
+
+
+def case_light(args, directory: Path) -> None:
+    model, data = _vgg16(), SyntheticImages(args.samples * 2, 224)
+    head = model.features[:29]
+    overrides = ["model=vgg16", "layers=[features.28]", f"batch_size={args.batch}"]
+    p, b = _median_pair(lambda: _probe_run(model, data, overrides, directory / "f.h5"),
+                        lambda: _bare_forward(head, data, args.batch), args.repeat)
+    _report("1 I/O-light vgg16 features.28", p, "bare", b, 1.05)
+
+
+def case_heavy(args, directory: Path) -> None:
+    model, data = _vgg16(), SyntheticImages(args.samples * 4, 224)
+    for layers, upto in (("features.0", 1), ("features.0,features.2", 3)):
+        overrides = ["model=vgg16", f"layers=[{layers}]", f"batch_size={args.batch}"]
+        row = 64 * 224 * 224 * 4 * len(layers.split(","))
+        head = model.features[:upto]
+        p, b = _median_pair(
+            lambda o=overrides: _probe_run(model, data, o, directory / "f.h5"),
+            lambda h=head: _bare_forward(h, data, args.batch), args.repeat)
+        w = statistics.median(_raw_write(row, len(data), args.batch, directory)
+                              for _ in range(args.repeat))
+        floor = max(b, w)
+        print(f"  {len(data)} samples: write floor {w:.2f} s for {row * len(data) / 2**30:.2f} "
+              f"GiB ({row * len(data) / w / 2**30:.2f} GiB/s); bare compute {b:.2f} s")
+        _report(f"2 I/O-heavy vgg16 {layers}", p, "max(bare, write)", floor, 1.15)
+
+
+def _bare_grad(model: nn.Module, dataset, batch_size: int) -> float:
+    """Forward + backward that differentiates top1 with respect to features.28's output only."""
+    features = model.features
+    rest = nn.Sequential(nn.ReLU(), features[30:], model.avgpool, nn.Flatten(), model.classifier)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    started = time.perf_counter()
+    for _, x, _ in _batches(dataset, batch_size):
+        with torch.no_grad():
+            conv = features[:29](x)
+        conv.requires_grad_(True)
+        logits = rest(conv)
+        objective = logits.gather(1, logits.argmax(1, keepdim=True)).sum()
+        torch.autograd.grad(objective, conv)
+    elapsed = time.perf_counter() - started
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return elapsed
+
+
+def case_grad(args, directory: Path) -> None:
+    model, data = _vgg16(), SyntheticImages(args.samples, 224)
+    overrides = ["model=vgg16", "layers=[features.28]", "hooks=[forward,backward]",
+                 f"batch_size={args.batch}"]
+    p, b = _median_pair(lambda: _probe_run(model, data, overrides, directory / "f.h5"),
+                        lambda: _bare_grad(model, data, args.batch), args.repeat)
+    _report("3 gradients vgg16 features.28", p, "bare fwd+bwd", b, 1.10)
+
+
+def _peak_rss_mib(samples: int, directory: Path) -> float:
+    out = directory / f"rss{samples}.h5"
+    code = (
+        "import resource, sys\n"
+        "from hydra import compose, initialize_config_dir\n"
+        "import probe\nfrom probe.config import CONFIG_DIR\n"
+        "with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base='1.3'):\n"
+        f"    cfg = compose('config', ['model=resnet18', 'layers=[layer1]', 'batch_size=16',\n"
+        f"        'dataset.num_samples={samples}', 'output.path={out}'])\n"
+        "probe.run(cfg)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True)
+    out.unlink()
+    return int(result.stdout.split()[-1]) / 1024
+
+
+def case_memory(args, directory: Path) -> None:
+    small, large = args.samples * 2, args.samples * 16
+    one = statistics.median(_peak_rss_mib(small, directory) for _ in range(args.repeat))
+    eight = statistics.median(_peak_rss_mib(large, directory) for _ in range(args.repeat))
+    print(f"  resnet18 layer1 (784 KiB/sample): peak RSS {one:.0f} MiB for {small} samples, "
+          f"{eight:.0f} MiB for {large}")
+    _report("4 memory, 8x the samples", eight, "1x", one, 1.10)
+
+
+def case_startup(args, directory: Path) -> None:
+    def wall(code: list[str]) -> float:
+        started = time.perf_counter()
+        subprocess.run(code, cwd=directory, check=True, capture_output=True)
+        return time.perf_counter() - started
+
+    cli = [sys.executable, "-m", "probe", "model=resnet18", "layers=[fc]", "limit=1",
+           "dataset.image_size=32", f"output.path={directory}/s.h5", "output.overwrite=true"]
+    imports = [sys.executable, "-c", "import torch, torchvision"]
+    build = [sys.executable, "-c", "import torch, torchvision, time; t = time.perf_counter(); "
+             "torchvision.models.resnet18(); print(time.perf_counter() - t)"]
+    runs = [(wall(cli), wall(imports)) for _ in range(args.repeat)]
+    cli_s = statistics.median(r[0] for r in runs)
+    import_s = statistics.median(r[1] for r in runs)
+    model_s = float(subprocess.run(build, capture_output=True, text=True).stdout)
+    print(f"5 start-up: python -m probe, 1 sample, whole run {cli_s:.2f} s; of it "
+          f"import torch+torchvision {import_s:.2f} s, resnet18 construction {model_s:.2f} s; "
+          f"probe's own share {cli_s - import_s - model_s:.2f} s")
+
+
+CASES = {"light": case_light, "heavy": case_heavy, "grad": case_grad, "memory": case_memory,
+         "startup": case_startup}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", choices=sorted(CASES), action="append")
+    parser.add_argument("--samples", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dir", type=Path, default=None, help="where files go (default: tmp)")
+    args = parser.parse_args()
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{args.samples} samples, batch {args.batch}, median of {args.repeat}")
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        for name in args.case or list(CASES):
+            CASES[name](args, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()
