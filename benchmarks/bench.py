@@ -84,10 +84,11 @@ def _median_pair(first, second, repeat: int) -> tuple[float, float]:
     return statistics.median(a), statistics.median(b)
 
 
-def _report(name: str, probe_s: float, base_name: str, base_s: float, target: float) -> None:
+def _report(name: str, probe_s: float, base_name: str, base_s: float, target: float,
+            unit: str = "s") -> None:
     ratio = probe_s / base_s
     verdict = "meets" if ratio <= target else "MISSES"
-    print(f"{name:<34} probe {probe_s:7.2f} s  {base_name} {base_s:7.2f} s  "
+    print(f"{name:<34} probe {probe_s:7.2f} {unit}  {base_name} {base_s:7.2f} {unit}  "
           f"ratio {ratio:5.2f} ({verdict} <= {target:.2f})", flush=True)
 
 
@@ -177,7 +178,7 @@ def case_memory(args, directory: Path) -> None:
     eight = statistics.median(_peak_rss_mib(large, directory) for _ in range(args.repeat))
     print(f"  resnet18 layer1 (784 KiB/sample): peak RSS {one:.0f} MiB for {small} samples, "
           f"{eight:.0f} MiB for {large}")
-    _report("4 memory, 8x the samples", eight, "1x", one, 1.10)
+    _report("4 peak RSS, 8x the samples", eight, "1x", one, 1.10, unit="MiB")
 
 
 def case_startup(args, directory: Path) -> None:

@@ -97,6 +97,9 @@ class OutputConfig:
     commit_seconds: float = 5.0
     # refuse to start a run whose estimated size exceeds the free disk space
     check_free_space: bool = True
+    # HDF5 file locking: null (HDF5's default, or HDF5_USE_FILE_LOCKING), true, false, or
+    # best-effort; false or best-effort on file systems where locking fails (some NFS mounts)
+    file_locking: Any = None
 
 
 @dataclass

@@ -24,7 +24,7 @@ from probe.device import resolve_device
 from probe.errors import ConfigError, OutputError, RunStopped
 from probe.hooks import Capture, StopForward, parse_hooks
 from probe.objectives import make_objective, per_sample
-from probe.store import Store, check_free_space, check_output
+from probe.store import Store, check_free_space, check_output, file_locking
 from probe.writer import BackgroundWriter
 
 __all__ = ["run", "build", "output_path"]
@@ -48,7 +48,8 @@ def run(cfg: DictConfig) -> Path:
     hooks = parse_hooks(_names(cfg.hooks))
     path = output_path(cfg)
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-    resume_from = check_output(path, config_yaml, bool(cfg.output.overwrite))
+    locking = file_locking(cfg.output.file_locking)
+    resume_from = check_output(path, config_yaml, bool(cfg.output.overwrite), locking)
     if resume_from is None:
         log.info("%s is already complete for this config; nothing to do", path)
         return path
@@ -77,7 +78,7 @@ def run(cfg: DictConfig) -> Path:
                   resume_from=resume_from, dtype=_name(cfg.output.dtype),
                   compression=_name(cfg.output.compression),
                   compression_level=cfg.output.compression_level,
-                  attrs=_run_attrs(cfg, capture, objective_name))
+                  attrs=_run_attrs(cfg, capture, objective_name), locking=locking)
     writer = BackgroundWriter(store, attrs_for=capture.attrs,
                               commit_every_batches=int(cfg.output.commit_every),
                               commit_every_seconds=float(cfg.output.commit_seconds))

@@ -29,14 +29,15 @@ import yaml
 
 from probe.errors import ConfigError, OutputError
 
-__all__ = ["Store", "partial_path", "check_output", "check_free_space", "IGNORED_KEYS"]
+__all__ = ["Store", "partial_path", "check_output", "check_free_space", "file_locking",
+           "IGNORED_KEYS"]
 
 log = logging.getLogger(__name__)
 
 # Keys that do not change what is stored: they may differ between a run and its resumption.
 IGNORED_KEYS = ("batch_size", "num_workers", "device", "stop_early", "output.path",
                 "output.overwrite", "output.commit_every", "output.commit_seconds",
-                "output.check_free_space")
+                "output.check_free_space", "output.file_locking")
 _CHUNK_BYTES = 2 << 20  # aim for about 2 MiB per chunk (h5py advises 10 KiB to a few MiB)
 
 
@@ -45,7 +46,21 @@ def partial_path(path: Path) -> Path:
     return path.with_name(path.name + ".partial")
 
 
-def check_output(path: Path, config_yaml: str, overwrite: bool) -> int | None:
+def file_locking(value) -> bool | str | None:
+    """The ``locking`` argument of ``h5py.File`` for the config's ``output.file_locking``.
+
+    Raises:
+        ConfigError: a value other than null, true, false or best-effort.
+    """
+    if value is None or isinstance(value, bool) or value == "best-effort":
+        return value
+    raise ConfigError(
+        f"output.file_locking={value!r}: use null, true, false or best-effort"
+    )
+
+
+def check_output(path: Path, config_yaml: str, overwrite: bool,
+                 locking: bool | str | None = None) -> int | None:
     """Decide what a run with this config does at ``path``, before any compute.
 
     Returns:
@@ -62,10 +77,10 @@ def check_output(path: Path, config_yaml: str, overwrite: bool) -> int | None:
         partial.unlink(missing_ok=True)
         return 0
     if path.exists():
-        _require_same_config(path, config_yaml, finished=True)
+        _require_same_config(path, config_yaml, finished=True, locking=locking)
         return None
     if partial.exists():
-        committed = _require_same_config(partial, config_yaml, finished=False)
+        committed = _require_same_config(partial, config_yaml, finished=False, locking=locking)
         if committed:
             log.info("resuming %s after %d committed rows", partial, committed)
         return committed
@@ -102,9 +117,10 @@ def _check_writable(directory: Path) -> None:
         ) from None
 
 
-def _require_same_config(path: Path, config_yaml: str, *, finished: bool) -> int:
+def _require_same_config(path: Path, config_yaml: str, *, finished: bool,
+                         locking: bool | str | None) -> int:
     try:
-        with h5py.File(path, "r") as f:
+        with h5py.File(path, "r", locking=locking) as f:
             stored = str(f.attrs["config"])
             complete = bool(f.attrs.get("complete", False))
             committed = int(f.attrs.get("num_committed", 0))
@@ -171,14 +187,15 @@ class Store:
 
     def __init__(self, path: Path, *, config_yaml: str, num_rows: int, has_target: bool,
                  resume_from: int = 0, dtype: str = "float32", compression: str = "none",
-                 compression_level: int | None = None, attrs: Mapping | None = None):
+                 compression_level: int | None = None, attrs: Mapping | None = None,
+                 locking: bool | str | None = None):
         self.path, self.num_rows = Path(path), num_rows
         self.dtype = np.dtype(dtype)
         self.filter = _filter_options(compression, compression_level)
         self.partial = partial_path(self.path)
         self.created = resume_from == 0
         # a chunk cache per dataset big enough that appends never evict a half-filled chunk
-        self._file = h5py.File(self.partial, "w" if self.created else "r+",
+        self._file = h5py.File(self.partial, "w" if self.created else "r+", locking=locking,
                                rdcc_nbytes=8 * _CHUNK_BYTES, rdcc_w0=1.0)
         self.num_committed = self.num_written = resume_from
         try:

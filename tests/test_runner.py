@@ -173,3 +173,16 @@ def test_a_file_that_is_not_ours_is_refused(make_cfg, tmp_path):
     with pytest.raises(OutputError, match="not a readable probe file"):
         probe.run(make_cfg("model=resnet18", "layers=[fc]"))
     assert path.read_text() == "something else"
+
+
+@pytest.mark.parametrize("value", ["false", "best-effort"])
+def test_file_locking_can_be_relaxed(make_cfg, value):
+    path = probe.run(make_cfg("model=resnet18", "layers=[fc]", f"output.file_locking={value}"))
+    with probe.open(path) as f:
+        assert f.num_rows == 6
+
+
+def test_file_locking_rejects_other_values(make_cfg, tmp_path):
+    with pytest.raises(ConfigError, match="output.file_locking='sometimes'"):
+        probe.run(make_cfg("model=resnet18", "layers=[fc]", "output.file_locking=sometimes"))
+    assert _no_h5(tmp_path)

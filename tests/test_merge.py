@@ -1,0 +1,113 @@
+"""Shards of one run merge into a file equal to a single run: virtual by default, or copied."""
+
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+import probe
+from probe.errors import OutputError
+from probe.merge import merge
+from tests.conftest import run_cli
+
+# batch_size=1: each sample is computed alone in every run, so values match bit for bit
+RUN = ["model=resnet18", "layers=[layer4,fc]", "hooks=[forward,backward]", "limit=5",
+       "batch_size=1"]
+
+
+@pytest.fixture
+def shards(make_cfg, tmp_path):
+    def make(count: int = 3, *extra: str):
+        return [probe.run(make_cfg(*RUN, f"shard.count={count}", f"shard.index={k}", *extra,
+                                   output=tmp_path / f"shard{k}" / "features.h5"))
+                for k in range(count)]
+    return make
+
+
+@pytest.fixture
+def single(make_cfg, tmp_path):
+    return probe.run(make_cfg(*RUN, output=tmp_path / "single.h5"))
+
+
+def _assert_equal_files(a, b) -> None:
+    with h5py.File(a, "r") as x, h5py.File(b, "r") as y:
+        for key in ("index", "target", "layer4/output", "layer4/grad_output", "fc/output"):
+            np.testing.assert_array_equal(x[key][:], y[key][:], err_msg=key)
+            assert dict(x[key].attrs) == dict(y[key].attrs)
+
+
+def test_three_shards_merge_into_the_single_run(shards, single, tmp_path):
+    out = merge(tmp_path / "merged.h5", shards(3))
+    _assert_equal_files(out, single)
+    with h5py.File(out, "r") as f:
+        assert f["layer4/output"].is_virtual and not f["index"].is_virtual
+        assert f.attrs["complete"] and f.attrs["num_samples"] == 5
+    with probe.open(out) as f:
+        assert f.index.tolist() == [0, 1, 2, 3, 4] and f.config.shard.count == 1
+
+
+def test_the_merged_file_moves_with_its_shards(shards, single, tmp_path):
+    merge(tmp_path / "merged.h5", shards(2))
+    moved = tmp_path.parent / f"{tmp_path.name}-moved"
+    os.rename(tmp_path, moved)
+    try:
+        _assert_equal_files(moved / "merged.h5", moved / "single.h5")
+    finally:
+        os.rename(moved, tmp_path)
+
+
+def test_copy_is_self_contained(shards, single, tmp_path):
+    parts = shards(2)
+    out = merge(tmp_path / "copied.h5", parts, copy=True)
+    for part in parts:
+        part.unlink()
+    with h5py.File(out, "r") as f:
+        assert not f["layer4/output"].is_virtual
+    _assert_equal_files(out, single)
+
+
+def test_refusals_leave_no_output(shards, make_cfg, tmp_path):
+    parts = shards(3)
+    out = tmp_path / "merged.h5"
+    with pytest.raises(OutputError, match=r"shard\(s\) \[2\] of 3 are missing"):
+        merge(out, parts[:2])
+    with pytest.raises(OutputError, match="given twice"):
+        merge(out, [parts[0], parts[1], parts[1], parts[2]])
+    other = probe.run(make_cfg(*RUN, "reduce=mean", "shard.count=3", "shard.index=2",
+                               output=tmp_path / "other.h5"))
+    with pytest.raises(OutputError, match=r"other\.h5.*another config.*reduce"):
+        merge(out, [parts[0], parts[1], other])
+    with h5py.File(parts[2], "r+") as f:
+        f.attrs["complete"] = False
+    with pytest.raises(OutputError, match=r"shard2/features\.h5.*not complete"):
+        merge(out, parts)
+    with pytest.raises(OutputError, match="does not exist"):
+        merge(out, [parts[0], tmp_path / "nope.h5"])
+    assert not out.exists() and not list(tmp_path.glob("merged*"))
+
+
+def test_merge_cli(shards, tmp_path):
+    parts = shards(2)
+    result = run_cli("-o", "merged.h5", *map(str, parts), cwd=tmp_path, module="probe.merge")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "merged.h5").is_file()
+    again = run_cli("-o", "merged.h5", str(parts[0]), cwd=tmp_path, module="probe.merge")
+    assert again.returncode == 1 and again.stderr.startswith("probe: error:")
+
+
+def test_a_submitit_local_multirun_merges_into_the_single_run(tmp_path, single):
+    args = ["-m", "hydra/launcher=submitit_local", *RUN, "dataset.image_size=32",
+            "dataset.num_samples=6", "shard.count=2", "shard.index=range(2)"]
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    parts = sorted((tmp_path / "outputs" / "multirun").glob("*shard.index=*/features.h5"))
+    assert len(parts) == 2, result.stdout + result.stderr
+    _assert_equal_files(merge(tmp_path / "merged.h5", parts), single)
+    # a re-launched sweep skips the jobs whose files are complete
+    again = run_cli(*args, cwd=tmp_path)
+    assert again.returncode == 0
+    logs = list((tmp_path / "outputs" / "multirun").rglob("probe.log"))
+    assert sum("nothing to do" in log.read_text() for log in logs) == 2
