@@ -113,6 +113,7 @@ class Capture:
         self._armed = False
         # set by take() when copies from a CUDA device are still in flight
         self.copied: torch.cuda.Event | None = None
+        self._copying = False
         # "<layer>/<kind>" -> position in the module's tuple output/input, where it was a tuple
         self.tuple_positions: dict[str, int] = {}
         self._values: dict[str, torch.Tensor] = {}
@@ -204,9 +205,10 @@ class Capture:
         values, self._values = {key: self._values[key] for key in self.keys}, {}
         self._armed = self.stop_early
         self.copied = None
-        if any(value.is_pinned() for value in values.values()):
+        if self._copying:
             self.copied = torch.cuda.Event()
             self.copied.record()
+            self._copying = False
         return values
 
     # -- gradients ----------------------------------------------------------------------------
@@ -245,8 +247,8 @@ class Capture:
         self._edges.clear()
 
     def _on_input(self, layer: str, args):
-        tensor, position = self._tensor_of(layer, args, "input")
-        position = position or None  # the first positional input is the usual case, not a tuple
+        tensor, slot = self._tensor_of(layer, args, "input")
+        position = slot or None  # args is always a tuple: only a later slot is worth recording
         if Hook.forward_pre in self.hooks:
             self._keep(f"{layer}/input", tensor, position)
         if Hook.backward_input in self.hooks:
@@ -257,7 +259,7 @@ class Capture:
             # this module's output is unchanged. (The clone is not a leaf, so a module that
             # works in place on its input, like ReLU(inplace=True), still may.)
             start = tensor.detach().requires_grad_().clone()
-            return (*args[:position or 0], start, *args[(position or 0) + 1:])
+            return (*args[:slot], start, *args[slot + 1:])
         return None
 
     def _on_output(self, layer: str, output) -> None:
@@ -283,6 +285,7 @@ class Capture:
             # enqueued now, so it reads the value before any later in-place op on the stream
             host = torch.empty(value.shape, dtype=dtype, pin_memory=True)
             self._values[key] = host.copy_(value.to(dtype), non_blocking=True)
+            self._copying = True
         else:
             # A copy, so that a later in-place op cannot reach what is stored; except for the
             # last value of a pass that stops right after it, which nothing can change.
