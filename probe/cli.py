@@ -7,17 +7,31 @@ printed as one line and exits with status 1; Hydra reports config errors in its 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from probe.config import CONFIG_DIR
 from probe.errors import ProbeError
 
-__all__ = ["main", "list_layers_main"]
+__all__ = ["main", "list_layers_main", "run_folder_name"]
 
 log = logging.getLogger("probe")
+
+
+def run_folder_name(overrides: str) -> str:
+    """A folder name for a run from Hydra's ``override_dirname``, using only characters that
+    neither a shell nor Hydra's override parser treat as syntax, so that the path can be typed
+    back unquoted: ``layers=[features.28],model=vgg16`` -> ``layers-features.28+model-vgg16``."""
+    name = overrides.replace("=", "-").replace(",", "+")
+    name = re.sub(r"[\[\]]", "", name)
+    name = re.sub(r"[^A-Za-z0-9._+-]", "_", name)
+    return name or "default"
+
+
+OmegaConf.register_new_resolver("probe_run_folder", run_folder_name, replace=True)
 
 
 def _hydra_app(task):

@@ -67,3 +67,11 @@ def test_list_layers(tmp_path):
     assert "Conv2d" in lines["features.28"] and "(512, 2, 2)" in lines["features.28"]
     assert "8.0 KiB" in lines["features.28"]  # 512 * 2 * 2 float32 values
     assert list(tmp_path.iterdir()) == []  # listing writes nothing
+
+
+def test_run_folder_names_can_be_typed_back_unquoted():
+    from probe.cli import run_folder_name
+
+    assert run_folder_name("layers=[features.28],model=vgg16") == "layers-features.28+model-vgg16"
+    assert run_folder_name("layers=[layer4.*,fc]") == "layers-layer4._+fc"
+    assert run_folder_name("") == "default"

@@ -103,7 +103,7 @@ def test_a_submitit_local_multirun_merges_into_the_single_run(tmp_path, single):
             "dataset.num_samples=6", "shard.count=2", "shard.index=range(2)"]
     result = run_cli(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    parts = sorted((tmp_path / "outputs" / "multirun").glob("*shard.index=*/features.h5"))
+    parts = sorted((tmp_path / "outputs" / "multirun").glob("*shard.index-*/features.h5"))
     assert len(parts) == 2, result.stdout + result.stderr
     _assert_equal_files(merge(tmp_path / "merged.h5", parts), single)
     # a re-launched sweep skips the jobs whose files are complete
