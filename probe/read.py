@@ -1,21 +1,32 @@
 """Reading a probe file back: ``probe.open(path)``.
 
 Plain h5py reads every file this package writes; this reader adds the checks (a file that is not
-complete is refused unless asked) and a few conveniences.
+complete is refused unless asked) and a few conveniences, among them ``f.loader(key)``: the rows
+of one dataset in batches, streamed a few HDF5 chunks at a time (see probe.rows).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import h5py
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from probe.errors import OutputError
+from probe.errors import ConfigError, DataError, OutputError
 from probe.store import partial_path
 
-__all__ = ["open", "FeatureFile"]
+if TYPE_CHECKING:
+    from probe.rows import RowLoader
+
+__all__ = ["open", "open_checked", "FeatureFile"]
+
+# the run's hook that stores each kind, to tell a user how to get a kind a file lacks
+_HOOK_OF_KIND = {"output": "forward", "input": "forward_pre", "grad_output": "backward",
+                 "grad_input": "backward_input"}
 
 _open = open  # the builtin, before this module's `open` hides it
 
@@ -40,6 +51,38 @@ def open(path: str | Path, *, allow_partial: bool = False) -> FeatureFile:  # no
     return FeatureFile(path, allow_partial=allow_partial)
 
 
+def open_checked(path: str | Path) -> FeatureFile:
+    """``open(path)`` for the analysis commands: every problem with the file is a ProbeError,
+    and an unfinished file gets a message for someone who cannot pass ``allow_partial``.
+
+    Raises:
+        DataError: no such file, or not a probe file.
+        OutputError: the run that writes it has not finished.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        if partial_path(path).exists():
+            raise OutputError(
+                f"file={str(path)!r} is not finished (only {partial_path(path).name} is there): "
+                "its run is still going or was stopped; run the same probe command again to "
+                "finish it"
+            )
+        raise DataError(f"file={str(path)!r} does not exist; pass the .h5 file a probe run wrote")
+    try:
+        return FeatureFile(path)
+    except OutputError:
+        with h5py.File(path, "r") as f:
+            done, total = int(f.attrs.get("num_committed", 0)), int(f.attrs["num_samples"])
+        raise OutputError(
+            f"file={str(path)!r} is not complete ({done} of {total} rows); run the same probe "
+            "command again to finish it"
+        ) from None
+    except (OSError, KeyError) as err:
+        raise DataError(
+            f"file={str(path)!r} is not a probe file ({err}); pass the .h5 file a probe run wrote"
+        ) from None
+
+
 class FeatureFile:
     """A probe HDF5 file: its datasets by "<layer>/<kind>", row index, targets and config."""
 
@@ -56,6 +99,7 @@ class FeatureFile:
         if not path.exists():
             raise FileNotFoundError(f"no probe file at {str(path)!r}")
         self.path = path
+        _register_extra_filters()
         self._file = h5py.File(path, "r")
         attrs = self._file.attrs
         self.complete = bool(attrs.get("complete", False))
@@ -87,6 +131,58 @@ class FeatureFile:
     def layers(self) -> list[str]:
         return [name for name, obj in self._file.items() if isinstance(obj, h5py.Group)]
 
+    def kinds(self, layer: str) -> list[str]:
+        """The kinds stored for ``layer`` ("output", "grad_output", ...); [] for an unknown one."""
+        group = self._file.get(layer)
+        return list(group) if isinstance(group, h5py.Group) else []
+
+    def require(self, key: str) -> h5py.Dataset:
+        """``self[key]``, or an error that says which run options would have stored it.
+
+        Raises:
+            ConfigError: the file does not hold ``key``.
+        """
+        if key in self.keys:
+            return self[key]
+        layer, _, kind = key.rpartition("/")
+        hooks = [str(h) for h in self._file.attrs.get("hooks", [])]
+        layers = [str(name) for name in self._file.attrs.get("layers", self.layers)]
+        if kind in _HOOK_OF_KIND and layer:
+            hooks = [h for h in _HOOK_OF_KIND.values() if h in {*hooks, _HOOK_OF_KIND[kind]}]
+            layers = list(dict.fromkeys([*layers, layer]))
+            fix = (f"run probe with 'layers=[{','.join(layers)}]' 'hooks=[{','.join(hooks)}]' "
+                   "to store it")
+        else:
+            fix = ("name it as <layer>/<kind>, where kind is output, input, grad_output or "
+                   "grad_input")
+        raise ConfigError(f"{key!r} is not in {str(self.path)!r}, which holds {self.keys}; {fix}")
+
+    def loader(self, key: str, batch_size: int = 256, shuffle: bool = False, seed: int = 0,
+               rows: Sequence[int] | np.ndarray | None = None) -> RowLoader:
+        """Batches ``(x, y)`` of the rows of ``key``, read a few whole chunks at a time.
+
+        Example::
+
+            for x, y in f.loader("layer4/output", batch_size=256, shuffle=True, rows=train):
+                ...     # x: (B, *row shape) tensor as stored; y: (B,) int64, or None
+
+        Args:
+            key: "<layer>/<kind>".
+            batch_size: rows per batch (the last batch may hold fewer).
+            shuffle: permute the order of chunk-aligned blocks, then the rows within a buffer
+                of blocks (256 MiB), anew on every pass; the order is fixed by ``seed``.
+            seed: seeds the shuffle.
+            rows: the row numbers to yield (any order; each once), or None for all rows.
+
+        Raises:
+            KeyError: the file does not hold ``key``.
+            IndexError: a row number is out of range.
+        """
+        from probe.rows import RowLoader
+
+        return RowLoader(self[key], self.target, num_rows=self.num_rows, batch_size=batch_size,
+                         shuffle=shuffle, seed=seed, rows=rows)
+
     def __getitem__(self, key: str) -> h5py.Dataset:
         """The h5py dataset (lazy: slice it to read); of a partial file, only the first
         ``num_rows`` rows are committed."""
@@ -114,3 +210,9 @@ class FeatureFile:
     def __repr__(self) -> str:
         state = "complete" if self.complete else "partial"
         return f"FeatureFile({str(self.path)!r}, {self.num_rows} rows, {state}, {self.keys})"
+
+
+def _register_extra_filters() -> None:
+    # files written with output.compression=zstd need hdf5plugin's filters to be read
+    with contextlib.suppress(ImportError):
+        import hdf5plugin  # noqa: F401

@@ -1,0 +1,293 @@
+"""Linear probes: how well each stored "<layer>/<kind>" predicts the dataset's target.
+
+    results = fit_probes("features.h5")   # [{"layer", "kind", "accuracy", "chance", ...}, ...]
+    python -m probe.fit file=features.h5  # the same, plus probes.csv, probes.json, accuracy.png
+
+Each probe is a multinomial logistic regression (one linear layer and cross-entropy) on the
+flattened rows, standardised with the mean and standard deviation of the training rows. The
+rows are streamed from the file in mini-batches, a few HDF5 chunks at a time, so the features
+never need to fit in memory. ``chance`` is the best accuracy that one constant answer gets on the
+test rows (the share of their most frequent class), at least 1 / the number of classes. A fixed
+``seed`` fixes the split, the shuffles and so the accuracies.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from probe.cli import _exit_on_user_error
+from probe.config import CONFIG_DIR
+from probe.device import resolve_device
+from probe.errors import ConfigError, OutputError
+from probe.read import FeatureFile, open_checked
+
+__all__ = ["fit_probes", "write_table", "format_table", "default_out_dir", "COLUMNS", "main"]
+
+log = logging.getLogger(__name__)
+
+COLUMNS = ("layer", "kind", "accuracy", "chance", "n_train", "n_test")
+
+
+def fit_probes(path: str | Path, keys: list[str] | None = None, *, test_fraction: float = 0.25,
+               folds: int | None = None, seed: int = 0, epochs: int = 30, batch_size: int = 256,
+               lr: float = 0.01, weight_decay: float = 1e-4,
+               device: str = "cpu") -> list[dict]:
+    """Fit one linear probe per stored dataset of a finished probe file and test it.
+
+    Args:
+        path: the file a probe run wrote; it needs a ``target`` dataset.
+        keys: "<layer>/<kind>"s or "<layer>"s (all its kinds); None for every stored dataset.
+        test_fraction: share of the rows held out for testing (ignored with ``folds``).
+        folds: k-fold cross-validation instead: every row is tested once, by the probe that
+            did not train on it; ``accuracy`` and ``chance`` pool all k folds and ``n_train``
+            is the rows of one fold's training set (the smallest).
+        seed: fixes the split, the shuffles and so the results.
+        epochs: passes of Adam over the training rows.
+        batch_size: rows per mini-batch.
+        lr: Adam's learning rate.
+        weight_decay: L2 penalty on the weights.
+        device: where the probes train (``cpu``, ``cuda``, ``auto``, ...).
+
+    Returns:
+        One dict per dataset, with the keys of ``COLUMNS``: in the order of ``keys``, or of the
+        model's layers (output before gradients) when ``keys`` is None.
+
+    Raises:
+        ProbeError: the file is missing, unfinished, has no targets or lacks a key; or a bad
+            option (named, with its valid range).
+    """
+    _check_options(test_fraction, folds, epochs, batch_size, lr, weight_decay)
+    torch_device = resolve_device(device)
+    with open_checked(path) as f:
+        target = f.target
+        if target is None:
+            raise ConfigError(
+                f"{str(f.path)!r} has no 'target' dataset: the run's dataset gives no labels, so "
+                "there is nothing to probe for; run probe with a dataset whose items are "
+                "(input, int target), such as dataset=synthetic, imagefolder or cifar10"
+            )
+        classes = np.unique(target)
+        if len(classes) < 2:
+            raise ConfigError(f"every row of {str(f.path)!r} has target {classes[0]}; a probe "
+                              "needs at least two classes")
+        selected = _select_keys(f, keys)
+        splits = _splits(f.num_rows, test_fraction, folds, seed)
+        train = dict(epochs=int(epochs), batch_size=int(batch_size), lr=float(lr),
+                     weight_decay=float(weight_decay), seed=int(seed), device=torch_device)
+        results = []
+        for key in selected:
+            results.append(_probe(f, key, torch.as_tensor(classes), splits, train))
+            log.info("%s: accuracy %.3f (chance %.3f) on %d test rows", key,
+                     results[-1]["accuracy"], results[-1]["chance"], results[-1]["n_test"])
+    return results
+
+
+def _check_options(test_fraction, folds, epochs, batch_size, lr, weight_decay) -> None:
+    if folds is None and not 0 < test_fraction < 1:
+        raise ConfigError(f"test_fraction={test_fraction} must be between 0 and 1, e.g. 0.25")
+    if folds is not None and int(folds) < 2:
+        raise ConfigError(f"folds={folds} must be at least 2, or null for one held-out split")
+    for name, value in (("epochs", epochs), ("batch_size", batch_size)):
+        if int(value) < 1:
+            raise ConfigError(f"{name}={value} must be at least 1")
+    if not lr > 0:
+        raise ConfigError(f"lr={lr} must be positive, e.g. 0.01")
+    if weight_decay < 0:
+        raise ConfigError(f"weight_decay={weight_decay} must be 0 or more")
+
+
+def _select_keys(f: FeatureFile, keys: list[str] | None) -> list[str]:
+    if keys is None:
+        if not f.keys:
+            raise ConfigError(f"{str(f.path)!r} holds no layer datasets; run probe with layers")
+        return sorted(f.keys, key=_model_order(f))
+    selected: list[str] = []
+    for key in map(str, [keys] if isinstance(keys, str) else keys):
+        if "/" not in key and f.kinds(key):
+            selected += sorted((f"{key}/{kind}" for kind in f.kinds(key)), key=_model_order(f))
+        else:
+            f.require(key if "/" in key else f"{key}/output")
+            selected.append(key)
+    return list(dict.fromkeys(selected))
+
+
+def _model_order(f: FeatureFile):
+    # HDF5 lists groups alphabetically; the run's `layers` attr has them in the model's order
+    layers = [str(name) for name in f.attrs.get("layers", [])]
+    kinds = ["output", "input", "grad_output", "grad_input"]
+
+    def position(key: str) -> tuple[int, int]:
+        layer, _, kind = key.rpartition("/")
+        return (layers.index(layer) if layer in layers else len(layers),
+                kinds.index(kind) if kind in kinds else len(kinds))
+    return position
+
+
+def _splits(num_rows: int, test_fraction: float, folds: int | None,
+            seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    # (train rows, test rows) pairs, sorted so that streaming reads stay in file order
+    if num_rows < 2:
+        raise ConfigError(f"the file has {num_rows} row; a probe needs at least 2")
+    order = np.random.default_rng(seed).permutation(num_rows)
+    if folds is None:
+        n_test = min(max(1, round(num_rows * test_fraction)), num_rows - 1)
+        parts = [order[:n_test]]
+    else:
+        if int(folds) > num_rows:
+            raise ConfigError(f"folds={folds} is more than the file's {num_rows} rows")
+        parts = np.array_split(order, int(folds))
+    return [(np.sort(np.setdiff1d(order, test)), np.sort(test)) for test in parts]
+
+
+def _probe(f: FeatureFile, key: str, classes: torch.Tensor,
+           splits: list[tuple[np.ndarray, np.ndarray]], train: dict) -> dict:
+    target = f.target
+    correct = chance = n_test = 0
+    for train_rows, test_rows in splits:
+        linear, mean, std = _train(f, key, classes, train_rows, **train)
+        correct += _count_correct(f, key, classes, test_rows, linear, mean, std, train)
+        chance += int(np.unique(target[test_rows], return_counts=True)[1].max())
+        n_test += len(test_rows)
+    layer, _, kind = key.rpartition("/")
+    return {"layer": layer, "kind": kind, "accuracy": correct / n_test, "chance": chance / n_test,
+            "n_train": min(len(rows) for rows, _ in splits), "n_test": n_test}
+
+
+def _train(f: FeatureFile, key: str, classes: torch.Tensor, rows: np.ndarray, *, epochs: int,
+           batch_size: int, lr: float, weight_decay: float, seed: int,
+           device: torch.device) -> tuple[nn.Linear, torch.Tensor, torch.Tensor]:
+    # 1. the standardisation, from one streamed pass over the training rows
+    mean, std = _moments(f.loader(key, batch_size=batch_size, rows=rows), device)
+    # 2. a linear layer from zeros (the loss is convex: no init to seed, and torch's global
+    # random state is left alone), trained by Adam
+    linear = nn.utils.skip_init(nn.Linear, mean.numel(), len(classes), device=device)
+    nn.init.zeros_(linear.weight)
+    nn.init.zeros_(linear.bias)
+    optimizer = torch.optim.Adam(linear.parameters(), lr=lr, weight_decay=weight_decay)
+    loader = f.loader(key, batch_size=batch_size, shuffle=True, seed=seed, rows=rows)
+    classes = classes.to(device)
+    for _ in range(epochs):
+        for x, y in loader:
+            logits = linear(_standardise(x, mean, std, device))
+            loss = nn.functional.cross_entropy(logits, torch.searchsorted(classes, y.to(device)))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    return linear, mean, std
+
+
+@torch.no_grad()
+def _count_correct(f: FeatureFile, key: str, classes: torch.Tensor, rows: np.ndarray,
+                   linear: nn.Linear, mean: torch.Tensor, std: torch.Tensor, train: dict) -> int:
+    device = train["device"]
+    classes = classes.to(device)
+    correct = 0
+    for x, y in f.loader(key, batch_size=train["batch_size"], rows=rows):
+        predicted = classes[linear(_standardise(x, mean, std, device)).argmax(1)]
+        correct += int((predicted == y.to(device)).sum())
+    return correct
+
+
+@torch.no_grad()
+def _moments(loader, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    # float64 sums: a float32 sum of squares over many rows loses the variance
+    total = squares = None
+    count = 0
+    for x, _ in loader:
+        x = x.to(device=device, dtype=torch.float64).flatten(1)
+        total = x.sum(0) if total is None else total + x.sum(0)
+        squares = (x * x).sum(0) if squares is None else squares + (x * x).sum(0)
+        count += len(x)
+    mean = total / count
+    std = (squares / count - mean * mean).clamp_min(0).sqrt()
+    std[std < 1e-8] = 1.0  # a constant feature stays 0 after centring instead of dividing by 0
+    return mean.float(), std.float()
+
+
+def _standardise(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
+                 device: torch.device) -> torch.Tensor:
+    return (x.to(device=device, dtype=torch.float32).flatten(1) - mean) / std
+
+
+def default_out_dir(path: str | Path) -> Path:
+    """``<file's folder>/<file stem>_fit``: where ``python -m probe.fit`` writes by default."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}_fit")
+
+
+def write_table(results: list[dict], out_dir: Path) -> list[Path]:
+    """Write ``probes.csv`` and ``probes.json`` into ``out_dir``; return their paths.
+
+    Raises:
+        OutputError: ``out_dir`` cannot be written.
+    """
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with (out_dir / "probes.csv").open("w", newline="") as stream:
+            writer = csv.DictWriter(stream, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows({k: row[k] for k in COLUMNS} for row in results)
+        (out_dir / "probes.json").write_text(json.dumps(results, indent=2) + "\n")
+    except OSError as err:
+        raise OutputError(f"cannot write to out_dir={str(out_dir)!r} ({err.strerror or err}); "
+                          "choose a writable out_dir") from None
+    return [out_dir / "probes.csv", out_dir / "probes.json"]
+
+
+def format_table(results: list[dict]) -> str:
+    """The results as an aligned text table, one line per probe."""
+    rows = [COLUMNS] + [(r["layer"], r["kind"], f"{r['accuracy']:.3f}", f"{r['chance']:.3f}",
+                         str(r["n_train"]), str(r["n_test"])) for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+                     for row in rows)
+
+
+@_exit_on_user_error
+def _fit_command(cfg: DictConfig) -> None:
+    if cfg.file is None:
+        raise ConfigError("file is not set; pass file=PATH, the .h5 file a probe run wrote")
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg.file)
+    _check_writable(out_dir)
+    results = fit_probes(cfg.file, None if cfg["keys"] is None else list(cfg["keys"]),
+                         test_fraction=cfg.test_fraction, folds=cfg.folds, seed=cfg.seed,
+                         epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
+                         weight_decay=cfg.weight_decay, device=cfg.device)
+    written = write_table(results, out_dir)
+    if cfg.plot:
+        from probe.plots import plot_accuracy
+
+        written.append(plot_accuracy(results, out_dir / "accuracy.png", title=Path(cfg.file).name))
+    print(format_table(results))
+    for path in written:
+        log.info("wrote %s", path)
+
+
+def _check_writable(out_dir: Path) -> None:
+    # fail before the fitting, without creating anything yet
+    existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write to out_dir={str(out_dir)!r} ({str(existing)!r} is not "
+                          "a writable folder); choose a writable out_dir")
+
+
+def main() -> None:
+    """``python -m probe.fit file=PATH``: fit the probes, write the table and the plot."""
+    import probe.fit_config  # noqa: F401  (registers fit_schema)
+
+    hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="fit")(_fit_command)()
+
+
+if __name__ == "__main__":
+    main()
