@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -76,6 +77,19 @@ def _raw_write(nbytes_per_row: int, rows: int, batch_size: int, directory: Path)
     return elapsed
 
 
+def _compute_and_write_at_once(head: nn.Module, dataset, nbytes_per_row: int, batch_size: int,
+                               directory: Path) -> float:
+    """The bare compute and the raw write side by side in two threads: what a machine can do at
+    best when both must happen (on 2 cores they compete; with a GPU they need not)."""
+    writer = threading.Thread(target=_raw_write,
+                              args=(nbytes_per_row, len(dataset), batch_size, directory))
+    started = time.perf_counter()
+    writer.start()
+    _bare_forward(head, dataset, batch_size)
+    writer.join()
+    return time.perf_counter() - started
+
+
 def _median_pair(first, second, repeat: int) -> tuple[float, float]:
     a, b = [], []
     for _ in range(repeat):
@@ -119,10 +133,14 @@ def case_heavy(args, directory: Path) -> None:
             lambda h=head: _bare_forward(h, data, args.batch), args.repeat)
         w = statistics.median(_raw_write(row, len(data), args.batch, directory)
                               for _ in range(args.repeat))
-        floor = max(b, w)
+        both = statistics.median(
+            _compute_and_write_at_once(head, data, row, args.batch, directory)
+            for _ in range(args.repeat))
         print(f"  {len(data)} samples: write floor {w:.2f} s for {row * len(data) / 2**30:.2f} "
-              f"GiB ({row * len(data) / w / 2**30:.2f} GiB/s); bare compute {b:.2f} s")
-        _report(f"2 I/O-heavy vgg16 {layers}", p, "max(bare, write)", floor, 1.15)
+              f"GiB ({row * len(data) / w / 2**30:.2f} GiB/s); bare compute {b:.2f} s; both "
+              f"at once in two threads {both:.2f} s")
+        _report(f"2 I/O-heavy vgg16 {layers}", p, "max(bare, write)", max(b, w), 1.15)
+        _report("  the same against both at once", p, "both at once", both, 1.15)
 
 
 def _bare_grad(model: nn.Module, dataset, batch_size: int) -> float:
@@ -156,15 +174,18 @@ def case_grad(args, directory: Path) -> None:
 
 def _peak_rss_mib(samples: int, directory: Path) -> float:
     out = directory / f"rss{samples}.h5"
+    # VmHWM, not ru_maxrss: on Linux ru_maxrss carries over from the parent through fork and
+    # exec, so a child of this (by then large) process would report the parent's peak
     code = (
-        "import resource, sys\n"
+        "import sys\n"
         "from hydra import compose, initialize_config_dir\n"
         "import probe\nfrom probe.config import CONFIG_DIR\n"
         "with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base='1.3'):\n"
         f"    cfg = compose('config', ['model=resnet18', 'layers=[layer1]', 'batch_size=16',\n"
         f"        'dataset.num_samples={samples}', 'output.path={out}'])\n"
         "probe.run(cfg)\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+        "status = open('/proc/self/status').read().split('VmHWM:')[1]\n"
+        "print(int(status.split()[0]))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True)

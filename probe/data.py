@@ -15,6 +15,8 @@ from torch.utils.data import DataLoader, Dataset
 from probe.errors import ConfigError, DataError
 
 __all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
     "SyntheticImages",
     "image_folder",
     "cifar10",
@@ -25,8 +27,9 @@ __all__ = [
     "make_loader",
 ]
 
-_IMAGENET_MEAN = (0.485, 0.456, 0.406)
-_IMAGENET_STD = (0.229, 0.224, 0.225)
+# the normalisation of imagenet_transform and cifar10 (undone for display by probe.gradcam)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class SyntheticImages(Dataset):
@@ -76,7 +79,7 @@ def imagenet_transform(image_size: int = 224):
         transforms.Resize(int(round(image_size * 256 / 224))),
         transforms.CenterCrop(image_size),
         transforms.ToTensor(),
-        transforms.Normalize(_IMAGENET_MEAN, _IMAGENET_STD),
+        transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
     ])
 
 
@@ -109,7 +112,7 @@ def cifar10(root: str, train: bool = False, download: bool = False, image_size: 
     from torchvision import transforms
     from torchvision.datasets import CIFAR10
 
-    steps = [transforms.ToTensor(), transforms.Normalize(_IMAGENET_MEAN, _IMAGENET_STD)]
+    steps = [transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
     if image_size != 32:
         steps.insert(0, transforms.Resize(image_size))
     try:

@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 
 from probe.cli import _exit_on_user_error
 from probe.config import CONFIG_DIR
+from probe.data import IMAGENET_MEAN, IMAGENET_STD
 from probe.errors import ConfigError, OutputError
 from probe.read import FeatureFile, open_checked
 from probe.rows import row_blocks
@@ -39,8 +40,6 @@ log = logging.getLogger(__name__)
 _BLOCK_BYTES = 64 << 20  # rows of output and grad_output read at once, by default
 # datasets whose images are normalised with the ImageNet statistics (see probe.data)
 _IMAGENET_NORMALISED = {"probe.data.image_folder", "probe.data.cifar10"}
-_IMAGENET_MEAN = np.array([0.485, 0.456, 0.406])
-_IMAGENET_STD = np.array([0.229, 0.224, 0.225])
 
 
 def gradcam(output: np.ndarray | torch.Tensor, grad_output: np.ndarray | torch.Tensor,
@@ -244,7 +243,7 @@ def _images(config: DictConfig, index: np.ndarray) -> np.ndarray | None:
         return None
     images = images.expand(-1, 3, -1, -1).permute(0, 2, 3, 1).numpy().astype(np.float64)
     if str(config.dataset.get("_target_", "")) in _IMAGENET_NORMALISED:
-        return np.clip(images * _IMAGENET_STD + _IMAGENET_MEAN, 0, 1)
+        return np.clip(images * np.array(IMAGENET_STD) + np.array(IMAGENET_MEAN), 0, 1)
     low = images.min(axis=(1, 2, 3), keepdims=True)
     high = images.max(axis=(1, 2, 3), keepdims=True)
     return (images - low) / np.where(high > low, high - low, 1)
