@@ -6,7 +6,6 @@ printed as one line and exits with status 1; Hydra reports config errors in its 
 
 from __future__ import annotations
 
-import logging
 import re
 import sys
 
@@ -16,9 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from probe.config import CONFIG_DIR
 from probe.errors import ProbeError
 
-__all__ = ["main", "list_layers_main", "run_folder_name"]
-
-log = logging.getLogger("probe")
+__all__ = ["main", "list_layers_main", "run_folder_name", "exit_on_user_error"]
 
 
 def run_folder_name(overrides: str) -> str:
@@ -38,7 +35,10 @@ def _hydra_app(task):
     return hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="config")(task)
 
 
-def _exit_on_user_error(task):
+def exit_on_user_error(task):
+    """Wrap a Hydra task so that a ProbeError prints one line and exits non-zero (1, or a
+    stopped run's 128 + signal), instead of Hydra's traceback."""
+
     def wrapped(cfg: DictConfig) -> None:
         try:
             task(cfg)
@@ -48,18 +48,18 @@ def _exit_on_user_error(task):
     return wrapped
 
 
-@_exit_on_user_error
+@exit_on_user_error
 def _run(cfg: DictConfig) -> None:
     from probe.runner import run
 
     run(cfg)
 
 
-@_exit_on_user_error
+@exit_on_user_error
 def _list_layers(cfg: DictConfig) -> None:
     import torch
 
-    from probe.config import Reduce
+    from probe.config import Reduce, option_name
     from probe.data import split_item
     from probe.device import resolve_device
     from probe.hooks import reduce_tensor
@@ -68,8 +68,8 @@ def _list_layers(cfg: DictConfig) -> None:
 
     model, dataset = build(cfg, resolve_device(cfg.device))
     sample, _ = split_item(dataset[0])
-    reduce = Reduce[cfg.reduce.name if hasattr(cfg.reduce, "name") else str(cfg.reduce)]
-    itemsize = 2 if str(getattr(cfg.output.dtype, "name", cfg.output.dtype)) == "float16" else 4
+    reduce = Reduce[option_name(cfg.reduce)]
+    itemsize = 2 if option_name(cfg.output.dtype) == "float16" else 4
     rows = [("name", "type", "output shape", "bytes/sample")]
     for info in describe_layers(model, sample):
         if info.shape is None:

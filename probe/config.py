@@ -22,6 +22,7 @@ __all__ = [
     "Dtype",
     "Compression",
     "ProbeConfig",
+    "option_name",
     "register_configs",
 ]
 
@@ -128,6 +129,12 @@ class ProbeConfig:
     seed: int = 0
     shard: ShardConfig = field(default_factory=ShardConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+
+
+def option_name(value) -> str:
+    """The name of an enum-typed config value: a composed config holds enum members, while a
+    config built by hand may hold plain strings."""
+    return value.name if isinstance(value, Enum) else str(value)
 
 
 def register_configs() -> None:

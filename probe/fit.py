@@ -25,7 +25,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from probe.cli import _exit_on_user_error
+from probe.cli import exit_on_user_error
 from probe.config import CONFIG_DIR
 from probe.device import resolve_device
 from probe.errors import ConfigError, OutputError
@@ -254,7 +254,7 @@ def format_table(results: list[dict]) -> str:
                      for row in rows)
 
 
-@_exit_on_user_error
+@exit_on_user_error
 def _fit_command(cfg: DictConfig) -> None:
     if cfg.file is None:
         raise ConfigError("file is not set; pass file=PATH, the .h5 file a probe run wrote")

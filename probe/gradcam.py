@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from probe.cli import _exit_on_user_error
+from probe.cli import exit_on_user_error
 from probe.config import CONFIG_DIR
 from probe.data import IMAGENET_MEAN, IMAGENET_STD
 from probe.errors import ConfigError, OutputError
@@ -249,7 +249,7 @@ def _images(config: DictConfig, index: np.ndarray) -> np.ndarray | None:
     return (images - low) / np.where(high > low, high - low, 1)
 
 
-@_exit_on_user_error
+@exit_on_user_error
 def _gradcam_command(cfg: DictConfig) -> None:
     if cfg.file is None:
         raise ConfigError("file is not set; pass file=PATH, the .h5 file a probe run wrote with "

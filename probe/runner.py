@@ -11,7 +11,6 @@ import signal
 import threading
 import time
 from contextlib import contextmanager, suppress
-from enum import Enum
 from pathlib import Path
 
 import torch
@@ -19,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from tqdm import tqdm
 
+from probe.config import option_name
 from probe.data import has_targets, make_loader, select_indices, split_item
 from probe.device import resolve_device
 from probe.errors import ConfigError, OutputError, RunStopped
@@ -45,7 +45,7 @@ def run(cfg: DictConfig) -> Path:
             ``RunStopped`` when a signal stopped the run (the committed rows are kept).
     """
     _check_numbers(cfg)
-    hooks = parse_hooks(_names(cfg.hooks))
+    hooks = parse_hooks(cfg.hooks)
     path = output_path(cfg)
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     locking = file_locking(cfg.output.file_locking)
@@ -64,8 +64,8 @@ def run(cfg: DictConfig) -> Path:
             "objective=target but the dataset has no targets; use objective=top1 or a dataset "
             "whose items are (input, target)"
         )
-    capture = Capture(model, cfg.layers, hooks, reduce=_name(cfg.reduce),
-                      dtype=_TORCH_DTYPES[_name(cfg.output.dtype)],
+    capture = Capture(model, cfg.layers, hooks, reduce=option_name(cfg.reduce),
+                      dtype=_TORCH_DTYPES[option_name(cfg.output.dtype)],
                       stop_early=bool(cfg.stop_early))
     row_bytes = _bytes_per_row(capture, dataset[indices[0]], device)
     log.info("model %s on %s; %d layers x %s; %d samples of %.2f MiB -> %s",
@@ -75,8 +75,8 @@ def run(cfg: DictConfig) -> Path:
         check_free_space(path.parent, row_bytes * (len(indices) - resume_from))
 
     store = Store(path, config_yaml=config_yaml, num_rows=len(indices), has_target=with_target,
-                  resume_from=resume_from, dtype=_name(cfg.output.dtype),
-                  compression=_name(cfg.output.compression),
+                  resume_from=resume_from, dtype=option_name(cfg.output.dtype),
+                  compression=option_name(cfg.output.compression),
                   compression_level=cfg.output.compression_level,
                   attrs=_run_attrs(cfg, capture, objective_name), locking=locking)
     writer = BackgroundWriter(store, attrs_for=capture.attrs,
@@ -274,12 +274,3 @@ def _run_attrs(cfg: DictConfig, capture: Capture, objective_name: str) -> dict:
     if capture.needs_grad:
         attrs["objective"] = objective_name
     return attrs
-
-
-def _name(value) -> str:
-    # enum-typed config values arrive as members; YAML and Python callers may pass strings
-    return value.name if isinstance(value, Enum) else str(value)
-
-
-def _names(values) -> list[str]:
-    return [_name(v) for v in values]
