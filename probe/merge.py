@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,11 +19,12 @@ from pathlib import Path
 import h5py
 import numpy as np
 import yaml
+from hydra.experimental.callback import Callback
 
 from probe.errors import OutputError, ProbeError
 from probe.store import differing_keys, partial_path
 
-__all__ = ["merge"]
+__all__ = ["merge", "MergeShards"]
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +138,30 @@ def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool) 
                     source, name, shape=(info["rows"], *shape[1:]))
             dataset = f.create_virtual_dataset(name, layout)
         dataset.attrs.update(dataset_attrs)
+
+
+class MergeShards(Callback):
+    """A Hydra callback (see conf/config.yaml): at the end of a multirun, each complete set of
+    shard files in the sweep folder is merged into ``<sweep dir>/<the jobs' folder name without
+    shard.index>.h5``, with virtual datasets. Sets that are incomplete, or already merged, are
+    left alone; a set that cannot be merged is logged and skipped, so the sweep still succeeds.
+    """
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        groups: dict[str, list[Path]] = {}
+        for shard in sorted(sweep_dir.glob("*/features.h5")):
+            name, count = re.subn(r"\+?shard\.index-\d+", "", shard.parent.name)
+            if count and "shard.count-" in name:
+                groups.setdefault(name.strip("+"), []).append(shard)
+        for name, shards in groups.items():
+            out = sweep_dir / f"{name}.h5"
+            if out.exists():
+                continue
+            try:
+                merge(out, shards)
+            except ProbeError as err:
+                log.info("not merging the shards of %s: %s", name, err)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

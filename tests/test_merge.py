@@ -106,6 +106,10 @@ def test_a_submitit_local_multirun_merges_into_the_single_run(tmp_path, single):
     parts = sorted((tmp_path / "outputs" / "multirun").glob("*shard.index-*/features.h5"))
     assert len(parts) == 2, result.stdout + result.stderr
     _assert_equal_files(merge(tmp_path / "merged.h5", parts), single)
+    # the sweep's callback merged them too, beside the job folders
+    (auto,) = (tmp_path / "outputs" / "multirun").glob("*.h5")
+    assert "shard.index" not in auto.name and "shard.count-2" in auto.name
+    _assert_equal_files(auto, single)
     # a re-launched sweep skips the jobs whose files are complete
     again = run_cli(*args, cwd=tmp_path)
     assert again.returncode == 0
