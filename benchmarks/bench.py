@@ -2,6 +2,7 @@
 
     python benchmarks/bench.py                 # every case (about 10 minutes on 2 CPU cores)
     python benchmarks/bench.py --case light    # one case: light, heavy, grad, memory, startup
+    python benchmarks/bench.py --device cuda --case light --case heavy --case grad   # on a GPU
 
 Each timed case runs probe and its baseline alternately ``--repeat`` times on the same model
 object, data and disk, and prints medians and their ratio. The machine may be shared and noisy:
@@ -30,11 +31,18 @@ from probe.config import CONFIG_DIR
 from probe.data import SyntheticImages, make_loader
 
 REPO = Path(__file__).resolve().parent.parent
+DEVICE = torch.device("cpu")  # --device: where the model runs, for probe and the baselines alike
+
+
+def _sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 
 
 def _cfg(overrides: list[str], out: Path):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose("config", [*overrides, f"output.path={out}", "output.overwrite=true"])
+        return compose("config", [*overrides, f"output.path={out}", "output.overwrite=true",
+                                  f"device={DEVICE}"])
 
 
 def _probe_run(model: nn.Module, dataset, overrides: list[str], out: Path) -> float:
@@ -52,7 +60,8 @@ def _probe_run(model: nn.Module, dataset, overrides: list[str], out: Path) -> fl
 
 
 def _batches(dataset, batch_size: int):
-    return make_loader(dataset, list(range(len(dataset))), batch_size)
+    return make_loader(dataset, list(range(len(dataset))), batch_size,
+                       pin_memory=DEVICE.type == "cuda")
 
 
 def _bare_forward(head: nn.Module, dataset, batch_size: int) -> float:
@@ -60,7 +69,8 @@ def _bare_forward(head: nn.Module, dataset, batch_size: int) -> float:
     started = time.perf_counter()
     with torch.inference_mode():
         for _, x, _ in _batches(dataset, batch_size):
-            head(x)
+            head(x.to(DEVICE, non_blocking=True))
+    _sync()
     return time.perf_counter() - started
 
 
@@ -110,7 +120,7 @@ def _vgg16() -> nn.Module:
     torch.manual_seed(0)
     import torchvision
 
-    return torchvision.models.vgg16().eval()
+    return torchvision.models.vgg16().eval().to(DEVICE)
 
 
 def case_light(args, directory: Path) -> None:
@@ -152,11 +162,12 @@ def _bare_grad(model: nn.Module, dataset, batch_size: int) -> float:
     started = time.perf_counter()
     for _, x, _ in _batches(dataset, batch_size):
         with torch.no_grad():
-            conv = features[:29](x)
+            conv = features[:29](x.to(DEVICE, non_blocking=True))
         conv.requires_grad_(True)
         logits = rest(conv)
         objective = logits.gather(1, logits.argmax(1, keepdim=True)).sum()
         torch.autograd.grad(objective, conv)
+    _sync()
     elapsed = time.perf_counter() - started
     for p in model.parameters():
         p.requires_grad_(True)
@@ -233,12 +244,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None, help="where files go (default: tmp)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
     import logging
 
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("TQDM_DISABLE", "1")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+    print(f"torch {torch.__version__} on {DEVICE}, {torch.get_num_threads()} threads, "
           f"{args.samples} samples, batch {args.batch}, median of {args.repeat}")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for name in args.case or list(CASES):
