@@ -21,7 +21,7 @@ from tqdm import tqdm
 from probe.config import option_name
 from probe.data import has_targets, make_loader, select_indices, split_item
 from probe.device import resolve_device
-from probe.errors import ConfigError, OutputError, RunStopped
+from probe.errors import ConfigError, OutputError, ProbeError, RunStopped
 from probe.hooks import Capture, StopForward, parse_hooks
 from probe.objectives import make_objective, per_sample
 from probe.store import Store, check_free_space, check_output, file_locking
@@ -213,8 +213,6 @@ def build(cfg: DictConfig, device: torch.device) -> tuple[nn.Module, torch.utils
 def _instantiate(node: DictConfig, what: str):
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
-
-    from probe.errors import ProbeError
 
     missing = [k for k in node if OmegaConf.is_missing(node, k)]
     if missing:
