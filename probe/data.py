@@ -7,6 +7,7 @@ Any torch Dataset works; its items are a tensor or a (tensor, target) pair. Ship
 from __future__ import annotations
 
 import math
+import signal
 from pathlib import Path
 
 import torch
@@ -204,4 +205,12 @@ def make_loader(dataset: Dataset, indices: list[int], batch_size: int, num_worke
     dataset has none."""
     return DataLoader(_Rows(dataset, indices), batch_size=batch_size, shuffle=False,
                       num_workers=num_workers, collate_fn=_collate, pin_memory=pin_memory,
-                      persistent_workers=False)
+                      persistent_workers=False, worker_init_fn=_leave_stop_signals_to_the_run)
+
+
+def _leave_stop_signals_to_the_run(worker_id: int) -> None:
+    # Ctrl-C and SLURM's SIGTERM reach the whole process group. A worker that died of them would
+    # make the loader raise before the run could stop at a batch boundary and commit; the run
+    # stops the workers itself when it ends.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -26,10 +26,12 @@ RUN = ["model=resnet18", "layers=[layer3,fc]", "dataset.image_size=32", "batch_s
        "output.commit_every=1", "num_workers=0"]
 
 
-def _start(tmp_path, samples: int, out: str):
-    args = [*RUN, f"dataset.num_samples={samples}", f"output.path={tmp_path / out}"]
+def _start(tmp_path, samples: int, out: str, *extra: str):
+    args = [*RUN, f"dataset.num_samples={samples}", f"output.path={tmp_path / out}", *extra]
+    # a session of its own, so that a signal can go to its whole process group, as SLURM's does
     return subprocess.Popen([sys.executable, "-m", "probe", *args], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
 
 
 def _wait_for(path, seconds: float = 60.0) -> None:
@@ -83,6 +85,18 @@ def test_signal_stops_at_a_batch_boundary_and_the_run_resumes(tmp_path, referenc
     assert process.returncode == 0, stderr
     assert f"after {saved} committed rows" in stdout + stderr
     _assert_same_file(tmp_path / "f.h5", reference(samples))
+
+
+def test_sigterm_to_the_process_group_with_loader_workers(tmp_path):
+    """SLURM signals every process of a job: the DataLoader's workers must leave the stop to
+    the run, or the loader fails before the run can commit and say how to resume."""
+    process = _start(tmp_path, 3000, "f.h5", "num_workers=2")
+    _wait_for(tmp_path / "f.h5.partial")
+    time.sleep(1.0)
+    os.killpg(process.pid, signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert "stopped by SIGTERM" in stderr and "Traceback" not in stderr
 
 
 def _kill_until_done(tmp_path, samples: int, kills: int, seed: int) -> list[int]:
