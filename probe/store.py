@@ -194,9 +194,12 @@ class Store:
         self.filter = _filter_options(compression, compression_level)
         self.partial = partial_path(self.path)
         self.created = resume_from == 0
-        # a chunk cache per dataset big enough that appends never evict a half-filled chunk
+        # Compressed chunks are built in the chunk cache, which must be big enough that appends
+        # never evict a half-filled one. Uncompressed chunks skip the cache (HDF5 writes a chunk
+        # larger than the cache straight from the array), which saves a copy of every byte.
+        cache = 8 * _CHUNK_BYTES if self.filter else 0
         self._file = h5py.File(self.partial, "w" if self.created else "r+", locking=locking,
-                               rdcc_nbytes=8 * _CHUNK_BYTES, rdcc_w0=1.0)
+                               rdcc_nbytes=cache, rdcc_w0=1.0)
         self.num_committed = self.num_written = resume_from
         try:
             if self.created:
@@ -243,6 +246,10 @@ class Store:
 
     def _growable(self, name: str, row_shape: tuple[int, ...], dtype, **options) -> h5py.Dataset:
         dtype = np.dtype(dtype)
+        if not options:
+            # without a fill value to write first, HDF5 may write a new chunk directly (no cache);
+            # every row is written before it is read, so the fill value would never be seen
+            options = {"fill_time": "never"}
         return self._file.create_dataset(
             name, shape=(0, *row_shape), maxshape=(None, *row_shape), dtype=dtype,
             chunks=chunk_shape(row_shape, dtype.itemsize, self.num_rows), **options)
