@@ -59,23 +59,25 @@ def _run(cfg: DictConfig) -> None:
 def _list_layers(cfg: DictConfig) -> None:
     import torch
 
-    from probe.config import Reduce, option_name
+    from probe.config import option_name
     from probe.data import split_item
     from probe.device import resolve_device
-    from probe.hooks import reduce_tensor
+    from probe.hooks import reduce_tensor, resolve_reduces
     from probe.layers import describe_layers
     from probe.runner import build
 
     model, dataset = build(cfg, resolve_device(cfg.device))
     sample, _ = split_item(dataset[0])
-    reduce = Reduce[option_name(cfg.reduce)]
     itemsize = 2 if option_name(cfg.output.dtype) == "float16" else 4
+    infos = describe_layers(model, sample)
+    reduces = resolve_reduces([info.name for info in infos], cfg.reduce, cfg.reduce_by_layer)
     rows = [("name", "type", "output shape", "bytes/sample")]
-    for info in describe_layers(model, sample):
+    for info in infos:
         if info.shape is None:
             rows.append((info.name, info.type, "(not run)", "-"))
             continue
-        shape = tuple(reduce_tensor(torch.empty((1, *info.shape), device="meta"), reduce).shape)
+        meta = torch.empty((1, *info.shape), device="meta")
+        shape = tuple(reduce_tensor(meta, reduces[info.name]).shape)
         note = f" x{info.calls} calls" if info.calls > 1 else ""
         size = itemsize * _prod(shape[1:])
         rows.append((info.name, info.type, f"{tuple(shape[1:])}{note}", _human(size)))

@@ -22,9 +22,9 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from probe.config import Hook, Reduce
 from probe.errors import ConfigError
-from probe.layers import first_tensor, resolve_layers
+from probe.layers import first_tensor, match_layers, resolve_layers
 
-__all__ = ["attach", "Capture", "StopForward", "reduce_tensor", "parse_hooks"]
+__all__ = ["attach", "Capture", "StopForward", "reduce_tensor", "parse_hooks", "resolve_reduces"]
 
 
 class StopForward(Exception):
@@ -33,7 +33,9 @@ class StopForward(Exception):
 
 
 def attach(model: nn.Module, layers: Iterable[str], hooks: Iterable[str | Hook] = ("forward",),
-           *, reduce: str | Reduce = "none", dtype: torch.dtype | None = None) -> Capture:
+           *, reduce: str | Reduce = "none",
+           reduce_by_layer: Mapping[str, str | Reduce] | None = None,
+           dtype: torch.dtype | None = None) -> Capture:
     """Hooks on ``layers`` of ``model`` for the duration of a ``with`` block.
 
     Example::
@@ -47,12 +49,15 @@ def attach(model: nn.Module, layers: Iterable[str], hooks: Iterable[str | Hook] 
         layers: module names or globs, as in the ``layers`` config key.
         hooks: any of forward, forward_pre, backward, backward_input.
         reduce: none, mean, max (over the axes after the channel axis) or flatten.
+        reduce_by_layer: exceptions to ``reduce``: {layer name or glob: reduce}; where several
+            match a layer, the last wins.
         dtype: store copies in this dtype (None keeps the module's).
 
     Raises:
-        ConfigError: an unknown layer or hook.
+        ConfigError: an unknown layer, hook or reduce.
     """
-    return Capture(model, layers, hooks, reduce=reduce, dtype=dtype)
+    return Capture(model, layers, hooks, reduce=reduce, reduce_by_layer=reduce_by_layer,
+                   dtype=dtype)
 
 
 def parse_hooks(hooks: Iterable[str | Hook]) -> list[Hook]:
@@ -74,6 +79,42 @@ def parse_hooks(hooks: Iterable[str | Hook]) -> list[Hook]:
     if not parsed:
         raise ConfigError("hooks is empty; use e.g. 'hooks=[forward]'")
     return parsed
+
+
+def resolve_reduces(layers: Iterable[str], reduce: str | Reduce,
+                    overrides: Mapping[str, str | Reduce] | None = None) -> dict[str, Reduce]:
+    """Each layer's reduce: ``reduce``, unless a key of ``overrides`` (a layer name or a glob)
+    matches the layer; where several match, the last wins.
+
+    Raises:
+        ConfigError: an unknown reduce, or a key that matches none of ``layers``.
+    """
+    layers = list(layers)
+    reduces = dict.fromkeys(layers, _parse_reduce(reduce, "reduce"))
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise ConfigError(f"reduce_by_layer={overrides!r} is not a mapping; write it as "
+                          "'reduce_by_layer={layer4:none}'")
+    for pattern, how in (overrides or {}).items():
+        hits = match_layers(layers, str(pattern))
+        if not hits:
+            shown = ", ".join(layers[:6]) + (f", ... ({len(layers)} in all)"
+                                            if len(layers) > 6 else "")
+            raise ConfigError(
+                f"reduce_by_layer names {str(pattern)!r}, which matches none of the layers "
+                f"({shown}); use one of them, or a glob over them"
+            )
+        reduces.update(dict.fromkeys(hits, _parse_reduce(how, f"reduce_by_layer[{pattern}]")))
+    return reduces
+
+
+def _parse_reduce(value: str | Reduce, what: str) -> Reduce:
+    if isinstance(value, Reduce):
+        return value
+    if str(value) not in Reduce.__members__:
+        raise ConfigError(
+            f"{what}={value!r} is unknown; use any of {', '.join(Reduce.__members__)}"
+        )
+    return Reduce[str(value)]
 
 
 def reduce_tensor(tensor: torch.Tensor, how: Reduce) -> torch.Tensor:
@@ -101,11 +142,13 @@ class Capture:
 
     def __init__(self, model: nn.Module, layers: Iterable[str],
                  hooks: Iterable[str | Hook] = ("forward",), *, reduce: str | Reduce = "none",
+                 reduce_by_layer: Mapping[str, str | Reduce] | None = None,
                  dtype: torch.dtype | None = None, stop_early: bool = False):
         self.model = model
         self.layers = resolve_layers(model, layers)
         self.hooks = parse_hooks(hooks)
-        self.reduce = reduce if isinstance(reduce, Reduce) else Reduce(str(reduce))
+        # layer -> how its values are reduced
+        self.reduces = resolve_reduces(self.layers, reduce, reduce_by_layer)
         self.dtype = dtype
         # forward-only: once a complete pass has shown that every hooked module runs, and runs
         # once, raise StopForward as soon as a pass has given its last value
@@ -139,7 +182,8 @@ class Capture:
         """What the file records about the dataset "<layer>/<kind>"."""
         layer, kind = key.rsplit("/", 1)
         hook = next(h for h in self.hooks if h.kind == kind)
-        attrs = {"layer": layer, "hook": hook.name, "kind": kind, "reduce": self.reduce.name}
+        attrs = {"layer": layer, "hook": hook.name, "kind": kind,
+                 "reduce": self.reduces[layer].name}
         if self.dtype is not None:
             attrs["dtype"] = str(self.dtype).removeprefix("torch.")
         if key in self.tuple_positions:
@@ -279,7 +323,7 @@ class Capture:
         _check_first_call(key, self._values)
         if position is not None:
             self.tuple_positions[key] = position
-        value = reduce_tensor(tensor.detach(), self.reduce)
+        value = reduce_tensor(tensor.detach(), self.reduces[key.rsplit("/", 1)[0]])
         dtype = self.dtype or value.dtype
         if value.device.type == "cuda":
             # enqueued now, so it reads the value before any later in-place op on the stream

@@ -17,7 +17,7 @@ from torch import nn
 
 from probe.errors import ConfigError
 
-__all__ = ["resolve_layers", "describe_layers", "LayerInfo", "first_tensor"]
+__all__ = ["resolve_layers", "match_layers", "describe_layers", "LayerInfo", "first_tensor"]
 
 _GLOB_CHARS = set("*?[")
 
@@ -40,14 +40,18 @@ def resolve_layers(model: nn.Module, patterns: Iterable[str]) -> list[str]:
     names = [name for name, _ in model.named_modules() if name]
     chosen: set[str] = set()
     for pattern in patterns:
-        if _GLOB_CHARS & set(pattern):
-            hits = fnmatch.filter(names, pattern)
-        else:
-            hits = [pattern] if pattern in names else []
+        hits = match_layers(names, pattern)
         if not hits:
             raise ConfigError(_unknown_layer_message(pattern, names))
         chosen.update(hits)
     return [name for name in names if name in chosen]
+
+
+def match_layers(names: Iterable[str], pattern: str) -> list[str]:
+    """The names equal to ``pattern``, or matching it as a shell-style glob, in order."""
+    is_glob = bool(_GLOB_CHARS & set(pattern))
+    return [name for name in names
+            if name == pattern or (is_glob and fnmatch.fnmatchcase(name, pattern))]
 
 
 def _unknown_layer_message(pattern: str, names: list[str]) -> str:

@@ -64,7 +64,8 @@ def run(cfg: DictConfig) -> Path:
             "objective=target but the dataset has no targets; use objective=top1 or a dataset "
             "whose items are (input, target)"
         )
-    capture = Capture(model, cfg.layers, hooks, reduce=option_name(cfg.reduce),
+    capture = Capture(model, cfg.layers, hooks, reduce=cfg.reduce,
+                      reduce_by_layer=cfg.reduce_by_layer,
                       dtype=_TORCH_DTYPES[option_name(cfg.output.dtype)],
                       stop_early=bool(cfg.stop_early))
     row_bytes = _bytes_per_row(capture, dataset[indices[0]], device)
@@ -171,7 +172,7 @@ def _bytes_per_row(capture: Capture, item, device: torch.device) -> int:
         kinds = {"output": "forward", "grad_output": "forward", "input": "forward_pre",
                  "grad_input": "forward_pre"}
         dry = Capture(capture.model, capture.layers, sorted({kinds[h.kind] for h in capture.hooks}),
-                      reduce=capture.reduce, dtype=capture.dtype)
+                      reduce_by_layer=capture.reduces, dtype=capture.dtype)
     with dry, torch.inference_mode():
         capture.model(sample.unsqueeze(0).to(device))
         seen = dry.take()

@@ -67,6 +67,10 @@ def test_list_layers(tmp_path):
     assert "Conv2d" in lines["features.28"] and "(512, 2, 2)" in lines["features.28"]
     assert "8.0 KiB" in lines["features.28"]  # 512 * 2 * 2 float32 values
     assert list(tmp_path.iterdir()) == []  # listing writes nothing
+    result = run_cli("model=vgg16", "dataset.image_size=32", "reduce=mean",
+                     "reduce_by_layer={features.2*:none}", cwd=tmp_path, module="probe.layers")
+    lines = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
+    assert "(512,)" in lines["features.19"] and "(512, 2, 2)" in lines["features.28"]
 
 
 def test_run_folder_names_can_be_typed_back_unquoted():

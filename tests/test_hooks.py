@@ -105,6 +105,31 @@ def test_reduce_mean_max_flatten():
             torch.testing.assert_close(cap["0/output"], fn(full["0/output"]))
 
 
+def test_reduce_by_layer_overrides_the_default_per_layer():
+    model, x = _net(), torch.randn(2, 3, 8, 8)
+    with probe.attach(model, ["0", "3"]) as full:
+        model(x)
+    with probe.attach(model, ["*"], reduce="mean", reduce_by_layer={"[0-2]": "max", "0": "none"}
+                      ) as cap:
+        model(x)
+        assert torch.equal(cap["0/output"], full["0/output"])  # the last matching key wins
+        torch.testing.assert_close(cap["1/output"], full["0/output"].relu().amax((2, 3)))
+        assert torch.equal(cap["3/output"], full["3/output"])  # (N, C): nothing to reduce
+        assert cap.attrs("0/output")["reduce"] == "none"
+        assert cap.attrs("1/output")["reduce"] == "max"
+        assert cap.attrs("3/output")["reduce"] == "mean"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"4": "none"}, "matches none of the layers"),
+    ({"0": "avg"}, "avg"),
+    ("mean", "not a mapping"),
+])
+def test_reduce_by_layer_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        probe.attach(_net(), ["0", "3"], reduce_by_layer=overrides)
+
+
 def test_float16_copies():
     model = _net()
     with probe.attach(model, ["0"], dtype=torch.float16) as cap:

@@ -44,6 +44,18 @@ def test_float16_and_reduce(make_cfg, tmp_path):
                                    rtol=2e-3, atol=2e-3)
 
 
+def test_reduce_by_layer(make_cfg, tmp_path):
+    full = probe.run(make_cfg("model=resnet18", "layers=[layer3,layer4]"))
+    mixed = probe.run(make_cfg("model=resnet18", "layers=[layer3,layer4]", "reduce=mean",
+                               "reduce_by_layer={layer4:none}", output=tmp_path / "mixed.h5"))
+    with h5py.File(full, "r") as a, h5py.File(mixed, "r") as b:
+        assert b["layer3/output"].attrs["reduce"] == "mean"
+        assert b["layer4/output"].attrs["reduce"] == "none"
+        np.testing.assert_allclose(b["layer3/output"][:], a["layer3/output"][:].mean((2, 3)),
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(b["layer4/output"][:], a["layer4/output"][:])
+
+
 @pytest.mark.parametrize("compression", ["lzf", "gzip", "zstd"])
 def test_compression_keeps_values(make_cfg, tmp_path, compression):
     if compression == "zstd":
@@ -131,6 +143,9 @@ def _no_h5(directory):
     (["model=resnet18", "layers=[layer9.*]"], ConfigError, "python -m probe.layers"),
     (["model=resnet18", "layers=[]"], ConfigError, "layers is empty"),
     (["model=resnet18", "layers=[layer1.0.relu]"], ConfigError, "more than once"),
+    (["model=resnet18", "layers=[fc]", "reduce_by_layer={layer4:none}"], ConfigError,
+     "reduce_by_layer names 'layer4'"),
+    (["model=resnet18", "layers=[fc]", "reduce_by_layer={fc:avg}"], ConfigError, "'avg'"),
     (["model=resnet18", "layers=[fc]", "batch_size=0"], ConfigError, "batch_size=0"),
     (["model=resnet18", "layers=[fc]", "limit=0"], ConfigError, "limit=0"),
     (["model=resnet18", "layers=[fc]", "shard.index=2", "shard.count=2"], ConfigError, "shard"),
