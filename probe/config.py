@@ -117,9 +117,9 @@ class ProbeConfig:
     objective: Any = "top1"
     # reduction of each captured tensor before storage
     reduce: Reduce = Reduce.none
-    # exceptions to `reduce`, {layer name or glob: reduce}, e.g. {layer4: none}; the last match
-    # wins. Typed Any with a null default: Hydra merges a dict from the command line into an
-    # existing (typed) one, where struct mode refuses new keys; the runner checks the values.
+    # exceptions to `reduce`, {layer name or glob: reduce}, e.g. {layer4: none}; a layer's own
+    # name beats a glob. Typed Any with a null default: Hydra merges a dict from the command line
+    # into an existing (typed) one, where struct mode refuses new keys; the runner checks values.
     reduce_by_layer: Any = None
     # forward-only runs stop each forward pass once every hooked module has run (false: run it all)
     stop_early: bool = True

@@ -146,7 +146,8 @@ def _conv_pair(f: FeatureFile, layer: str) -> tuple[h5py.Dataset, h5py.Dataset]:
     acts, grads = f[f"{layer}/output"], f[f"{layer}/grad_output"]
     if acts.ndim != 4 or acts.shape != grads.shape:
         reduce = str(acts.attrs.get("reduce", "none"))
-        fix = (f"the run used reduce={reduce}: run probe again with reduce=none"
+        fix = (f"the run stored it with reduce={reduce}: run probe again with reduce=none "
+               f"(or 'reduce_by_layer={{{layer}:none}}')"
                if reduce != "none" else "choose a conv layer (such as layer4 of a resnet)")
         raise ConfigError(
             f"Grad-CAM needs (N, C, H, W) rows, but {layer}/output has shape {acts.shape} and "

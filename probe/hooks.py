@@ -49,8 +49,8 @@ def attach(model: nn.Module, layers: Iterable[str], hooks: Iterable[str | Hook] 
         layers: module names or globs, as in the ``layers`` config key.
         hooks: any of forward, forward_pre, backward, backward_input.
         reduce: none, mean, max (over the axes after the channel axis) or flatten.
-        reduce_by_layer: exceptions to ``reduce``: {layer name or glob: reduce}; where several
-            match a layer, the last wins.
+        reduce_by_layer: exceptions to ``reduce``: {layer name or glob: reduce}; a layer's own
+            name beats a glob, and globs that match one layer must agree.
         dtype: store copies in this dtype (None keeps the module's).
 
     Raises:
@@ -83,33 +83,55 @@ def parse_hooks(hooks: Iterable[str | Hook]) -> list[Hook]:
 
 def resolve_reduces(layers: Iterable[str], reduce: str | Reduce,
                     overrides: Mapping[str, str | Reduce] | None = None) -> dict[str, Reduce]:
-    """Each layer's reduce: ``reduce``, unless a key of ``overrides`` (a layer name or a glob)
-    matches the layer; where several match, the last wins.
+    """Each layer's reduce: ``reduce``, unless ``overrides`` ({layer name or glob: reduce}) says
+    otherwise. A layer's own name beats a glob, and globs that match one layer must agree, so
+    the order of the keys never matters (the resume check compares configs without it).
 
     Raises:
-        ConfigError: an unknown reduce, or a key that matches none of ``layers``.
+        ConfigError: an unknown reduce, a key that matches none of ``layers``, or globs that
+            give one layer different reduces.
     """
     layers = list(layers)
-    reduces = dict.fromkeys(layers, _parse_reduce(reduce, "reduce"))
+    default = _parse_reduce(reduce, "reduce")
     if overrides is not None and not isinstance(overrides, Mapping):
         raise ConfigError(f"reduce_by_layer={overrides!r} is not a mapping; write it as "
                           "'reduce_by_layer={layer4:none}'")
-    for pattern, how in (overrides or {}).items():
-        hits = match_layers(layers, str(pattern))
+    named = {str(key): _parse_reduce(how, f"reduce_by_layer.{key}")
+             for key, how in (overrides or {}).items()}
+    by_glob: dict[str, dict[str, Reduce]] = {}  # layer -> {glob that matches it: reduce}
+    for pattern, how in named.items():
+        hits = match_layers(layers, pattern)
         if not hits:
             shown = ", ".join(layers[:6]) + (f", ... ({len(layers)} in all)"
                                             if len(layers) > 6 else "")
             raise ConfigError(
-                f"reduce_by_layer names {str(pattern)!r}, which matches none of the layers "
+                f"reduce_by_layer names {pattern!r}, which matches none of the layers "
                 f"({shown}); use one of them, or a glob over them"
             )
-        reduces.update(dict.fromkeys(hits, _parse_reduce(how, f"reduce_by_layer[{pattern}]")))
+        for layer in hits:
+            if layer != pattern:
+                by_glob.setdefault(layer, {})[pattern] = how
+    reduces: dict[str, Reduce] = {}
+    for layer in layers:
+        globs = by_glob.get(layer, {})
+        if layer not in named and len(set(globs.values())) > 1:
+            said = ", ".join(f"{glob}: {how.name}" for glob, how in globs.items())
+            raise ConfigError(
+                f"reduce_by_layer gives {layer!r} different reduces ({said}); add the layer "
+                f"itself, e.g. 'reduce_by_layer={{{layer}:none, ...}}', to decide"
+            )
+        reduces[layer] = named.get(layer, next(iter(globs.values()), default))
     return reduces
 
 
 def _parse_reduce(value: str | Reduce, what: str) -> Reduce:
     if isinstance(value, Reduce):
         return value
+    if isinstance(value, Mapping):  # +reduce_by_layer.layer4.1=none nests at each dot
+        raise ConfigError(
+            f"{what} is a mapping, not a reduce; write layer names with dots inside braces: "
+            "'reduce_by_layer={layer4.1:none}'"
+        )
     if str(value) not in Reduce.__members__:
         raise ConfigError(
             f"{what}={value!r} is unknown; use any of {', '.join(Reduce.__members__)}"

@@ -109,10 +109,10 @@ def test_reduce_by_layer_overrides_the_default_per_layer():
     model, x = _net(), torch.randn(2, 3, 8, 8)
     with probe.attach(model, ["0", "3"]) as full:
         model(x)
-    with probe.attach(model, ["*"], reduce="mean", reduce_by_layer={"[0-2]": "max", "0": "none"}
+    with probe.attach(model, ["*"], reduce="mean", reduce_by_layer={"0": "none", "[0-2]": "max"}
                       ) as cap:
         model(x)
-        assert torch.equal(cap["0/output"], full["0/output"])  # the last matching key wins
+        assert torch.equal(cap["0/output"], full["0/output"])  # its own name beats a glob
         torch.testing.assert_close(cap["1/output"], full["0/output"].relu().amax((2, 3)))
         assert torch.equal(cap["3/output"], full["3/output"])  # (N, C): nothing to reduce
         assert cap.attrs("0/output")["reduce"] == "none"
@@ -124,6 +124,8 @@ def test_reduce_by_layer_overrides_the_default_per_layer():
     ({"4": "none"}, "matches none of the layers"),
     ({"0": "avg"}, "avg"),
     ("mean", "not a mapping"),
+    ({"[0-1]": "max", "?": "mean"}, "different reduces"),  # unordered: globs must agree
+    ({"0": {"1": "none"}}, "inside braces"),  # what +reduce_by_layer.0.1=none composes to
 ])
 def test_reduce_by_layer_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
