@@ -39,6 +39,10 @@ IGNORED_KEYS = ("batch_size", "num_workers", "device", "stop_early", "output.pat
                 "output.overwrite", "output.commit_every", "output.commit_seconds",
                 "output.check_free_space", "output.file_locking")
 _CHUNK_BYTES = 2 << 20  # aim for about 2 MiB per chunk (h5py advises 10 KiB to a few MiB)
+# A compressed chunk is written once, when full (see Store._write_rows), so its rows become
+# durable together: few rows per chunk keep commits frequent. A power of two, so that chunks of
+# different datasets all end where the largest ones do.
+_COMPRESSED_CHUNK_ROWS = 32
 
 
 def partial_path(path: Path) -> Path:
@@ -160,12 +164,16 @@ def _flatten(node: Mapping, prefix: str = "") -> dict:
     return flat
 
 
-def chunk_shape(row_shape: tuple[int, ...], itemsize: int, max_rows: int) -> tuple[int, ...]:
+def chunk_shape(row_shape: tuple[int, ...], itemsize: int, max_rows: int, *,
+                compressed: bool = False) -> tuple[int, ...]:
     """Chunks of about 2 MiB along the row axis; a row larger than that is split along its own
-    leading axes, and a chunk never holds more rows than the run writes."""
+    leading axes, and a chunk never holds more rows than the run writes. Compressed chunks hold
+    a power of two rows, at most ``_COMPRESSED_CHUNK_ROWS``."""
     row_bytes = itemsize * math.prod(row_shape)
     if row_bytes <= _CHUNK_BYTES:
         rows = max(1, min(max_rows, _CHUNK_BYTES // max(row_bytes, 1)))
+        if compressed:
+            rows = 1 << (min(rows, _COMPRESSED_CHUNK_ROWS).bit_length() - 1)
         return (rows, *row_shape)
     shape = list(row_shape)
     for axis in range(len(shape)):
@@ -201,6 +209,8 @@ class Store:
         self._file = h5py.File(self.partial, "w" if self.created else "r+", locking=locking,
                                rdcc_nbytes=cache, rdcc_w0=1.0)
         self.num_committed = self.num_written = resume_from
+        # compressed dataset -> (first row, rows) waiting for their chunk to fill
+        self._pending: dict[str, tuple[int, np.ndarray]] = {}
         try:
             if self.created:
                 self._start(config_yaml, has_target, attrs or {})
@@ -246,13 +256,15 @@ class Store:
 
     def _growable(self, name: str, row_shape: tuple[int, ...], dtype, **options) -> h5py.Dataset:
         dtype = np.dtype(dtype)
-        if not options:
+        compressed = bool(options)  # the options are a compression filter's
+        if not compressed:
             # without a fill value to write first, HDF5 may write a new chunk directly (no cache);
             # every row is written before it is read, so the fill value would never be seen
             options = {"fill_time": "never"}
         return self._file.create_dataset(
             name, shape=(0, *row_shape), maxshape=(None, *row_shape), dtype=dtype,
-            chunks=chunk_shape(row_shape, dtype.itemsize, self.num_rows), **options)
+            chunks=chunk_shape(row_shape, dtype.itemsize, self.num_rows, compressed=compressed),
+            **options)
 
     def append(self, index: torch.Tensor, target: torch.Tensor,
                values: Mapping[str, torch.Tensor],
@@ -268,17 +280,37 @@ class Store:
             if key not in f:
                 dataset = self._growable(key, array.shape[1:], self.dtype, **self.filter)
                 dataset.attrs.update(attrs_for(key) if attrs_for else {})
-            _append_rows(f[key], start, stop, array)
+            self._write_rows(key, start, array)
         _append_rows(f["index"], start, stop, index.numpy())
         if "target" in f:
             _append_rows(f["target"], start, stop, target.numpy())
         self.num_written = stop
 
+    def _write_rows(self, key: str, start: int, array: np.ndarray) -> None:
+        dataset = self._file[key]
+        if not self.filter:  # HDF5 writes just these rows' bytes; committed ones are not touched
+            _append_rows(dataset, start, start + len(array), array)
+            return
+        # HDF5 compresses and writes a chunk whole. Written a second time (in place, or after
+        # freeing its space), a crash midway could tear rows already committed in it. So rows
+        # wait here until their chunk is full, or the run ends, and every chunk is written once.
+        if key in self._pending:
+            first, waiting = self._pending.pop(key)
+            start, array = first, np.concatenate([waiting, array])
+        stop = start + len(array)
+        ready = stop if stop == self.num_rows else stop - stop % dataset.chunks[0]
+        if ready > start:
+            _append_rows(dataset, start, ready, array[: ready - start])
+        if ready < stop:
+            self._pending[key] = (ready, array[ready - start:].copy())
+
     def commit(self) -> None:
-        """Make every row written so far durable: a resumed run continues after them."""
-        self._file.attrs["num_committed"] = self.num_written
+        """Make the rows written so far durable (a resumed run continues after them), except
+        compressed rows still waiting for their chunk to fill."""
+        durable = min((first for first, _ in self._pending.values()), default=self.num_written)
+        self._file.attrs["num_committed"] = durable
         self._file.flush()
-        self.num_committed = self.num_written
+        self.num_committed = durable
 
     def finish(self) -> Path:
         """Mark the file complete and move it to its final path."""

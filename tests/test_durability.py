@@ -99,13 +99,13 @@ def test_sigterm_to_the_process_group_with_loader_workers(tmp_path):
     assert "stopped by SIGTERM" in stderr and "Traceback" not in stderr
 
 
-def _kill_until_done(tmp_path, samples: int, kills: int, seed: int) -> list[int]:
+def _kill_until_done(tmp_path, samples: int, kills: int, seed: int, *extra: str) -> list[int]:
     """SIGKILL the run at random moments ``kills`` times, then let it finish; the rows each
     attempt found committed."""
     rng = random.Random(seed)
     resumed_at = []
     for attempt in range(kills + 1):
-        process = _start(tmp_path, samples, "f.h5")
+        process = _start(tmp_path, samples, "f.h5", *extra)
         if attempt < kills:
             _wait_for(tmp_path / "f.h5.partial")
             time.sleep(rng.uniform(0.0, 1.5))
@@ -118,15 +118,21 @@ def _kill_until_done(tmp_path, samples: int, kills: int, seed: int) -> list[int]
     return resumed_at
 
 
-def test_sigkill_then_resume_gives_the_uninterrupted_file(tmp_path, reference):
-    resumed_at = _kill_until_done(tmp_path, 800, kills=2, seed=0)
+# compressed chunks are written whole, so they take another path through the store
+COMPRESSION = ["output.compression=none", "output.compression=lzf"]
+
+
+@pytest.mark.parametrize("compression", COMPRESSION)
+def test_sigkill_then_resume_gives_the_uninterrupted_file(tmp_path, reference, compression):
+    resumed_at = _kill_until_done(tmp_path, 800, 2, 0, compression)
     assert max(resumed_at) > 0  # work was kept, not redone
     _assert_same_file(tmp_path / "f.h5", reference(800))
 
 
 @pytest.mark.slow
-def test_many_random_sigkills(tmp_path, reference):
-    resumed_at = _kill_until_done(tmp_path, 1200, kills=25, seed=1)
+@pytest.mark.parametrize("compression", COMPRESSION)
+def test_many_random_sigkills(tmp_path, reference, compression):
+    resumed_at = _kill_until_done(tmp_path, 1200, 25, 1, compression)
     assert resumed_at == sorted(resumed_at)  # committed rows never go backwards
     _assert_same_file(tmp_path / "f.h5", reference(1200))
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import h5py
+import numpy as np
 import pytest
+import torch
 
 import probe
 from probe.errors import OutputError
-from probe.store import _CHUNK_BYTES, chunk_shape, differing_keys
+from probe.store import _CHUNK_BYTES, Store, chunk_shape, differing_keys
 
 
 @pytest.mark.parametrize("row_shape, max_rows", [
@@ -23,6 +27,13 @@ def test_chunks_are_about_2_mib_and_never_longer_than_the_run(row_shape, max_row
     row_bytes = 4 * size // (4 * chunks[0]) if chunks[0] else 0
     if chunks[0] < max_rows and row_bytes * 2 <= _CHUNK_BYTES:
         assert size > _CHUNK_BYTES // 2  # rows are packed up to the target
+
+
+@pytest.mark.parametrize("row_shape, max_rows, rows", [
+    ((512,), 10_000, 32), ((512,), 20, 16), ((512, 14, 14), 100, 4), ((64, 224, 224), 9, 1),
+])
+def test_compressed_chunks_hold_a_power_of_two_rows(row_shape, max_rows, rows):
+    assert chunk_shape(row_shape, 4, max_rows, compressed=True)[0] == rows
 
 
 def test_differing_keys_ignore_settings_that_do_not_shape_values():
@@ -54,3 +65,44 @@ def test_open_refuses_an_incomplete_file(tmp_path):
 def test_open_a_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError):
         probe.open(tmp_path / "nothing.h5")
+
+
+def _stored_committed_rows(dataset: h5py.Dataset, committed: int) -> dict[tuple, bytes]:
+    """For each chunk that holds a committed row: its file offset and bytes as stored; for an
+    uncompressed chunk only the bytes of its committed rows (later rows may still be added)."""
+    rows, row_bytes = dataset.chunks[0], dataset.dtype.itemsize * math.prod(dataset.shape[1:])
+    filtered = dataset.id.get_create_plist().get_nfilters() > 0
+    stored = {}
+    for i in range(dataset.id.get_num_chunks()):
+        info = dataset.id.get_chunk_info(i)
+        first = info.chunk_offset[0]
+        if first < committed:
+            _, raw = dataset.id.read_direct_chunk(info.chunk_offset)
+            held = (min(committed, first + rows) - first) * row_bytes
+            stored[info.chunk_offset] = (info.byte_offset, raw if filtered else raw[:held])
+    return stored
+
+
+@pytest.mark.parametrize("compression", ["none", "lzf", "gzip"])
+def test_committed_rows_are_never_written_again(tmp_path, compression):
+    # A SIGKILL while HDF5 rewrites a chunk could tear rows that were already committed (a
+    # compressed chunk is rewritten whole, in place or after its space is freed), so the bytes
+    # of committed rows must stay as they were stored.
+    rows, batch = 61, 3  # neither divides a chunk
+    store = Store(tmp_path / "f.h5", config_yaml="{}", num_rows=rows, has_target=False,
+                  compression=compression)
+    values = torch.randn(rows, 40)
+    before: dict[tuple, tuple[int, bytes]] = {}
+    for start in range(0, rows, batch):
+        stop = min(start + batch, rows)
+        store.append(torch.arange(start, stop), None, {"x/output": values[start:stop]})
+        store.commit()
+        dataset = store._file["x/output"]
+        now = _stored_committed_rows(dataset, store.num_committed)
+        for chunk, (offset, raw) in before.items():
+            assert now[chunk][0] == offset and now[chunk][1].startswith(raw), chunk
+        before = now
+        assert stop - store.num_committed < dataset.chunks[0] + batch  # durable soon after
+    store.finish()
+    with probe.open(tmp_path / "f.h5") as f:
+        np.testing.assert_array_equal(f["x/output"][:], values.numpy())
