@@ -202,9 +202,9 @@ class Store:
         self.filter = _filter_options(compression, compression_level)
         self.partial = partial_path(self.path)
         self.created = resume_from == 0
-        # Compressed chunks are built in the chunk cache, which must be big enough that appends
-        # never evict a half-filled one. Uncompressed chunks skip the cache (HDF5 writes a chunk
-        # larger than the cache straight from the array), which saves a copy of every byte.
+        # Compressed chunks go through HDF5's chunk cache to be compressed (whole: see
+        # _write_rows). Uncompressed chunks skip it (HDF5 writes a chunk larger than the cache
+        # straight from the array), which saves a copy of every byte.
         cache = 8 * _CHUNK_BYTES if self.filter else 0
         self._file = h5py.File(self.partial, "w" if self.created else "r+", locking=locking,
                                rdcc_nbytes=cache, rdcc_w0=1.0)
