@@ -94,11 +94,11 @@ def run(cfg: DictConfig) -> Path:
         store.finish()
     except _Stopped as stopped:
         _close_after_failure(writer, store)
-        raise RunStopped(
-            f"stopped by {stopped.signal.name} with {store.num_committed} of {len(indices)} rows "
-            f"saved in {store.partial}; run the same command again to resume",
-            exit_code=128 + int(stopped.signal),
-        ) from None
+        saved = (f"with {store.num_committed} of {len(indices)} rows saved in {store.partial}; "
+                 "run the same command again to resume" if store.partial.exists() else
+                 "before any rows were saved; run the same command again to start")
+        raise RunStopped(f"stopped by {stopped.signal.name} {saved}",
+                         exit_code=128 + int(stopped.signal)) from None
     except BaseException:
         _close_after_failure(writer, store)
         raise

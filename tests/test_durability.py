@@ -3,6 +3,7 @@ finished file equals the one an uninterrupted run writes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -16,9 +17,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import probe
+import probe.runner
 import probe.writer
 from probe.config import CONFIG_DIR
-from probe.errors import OutputError
+from probe.errors import OutputError, RunStopped
 
 # resnet18 at 32 px on 2 CPU cores: a few hundred samples take several seconds, long enough
 # to be interrupted part-way
@@ -97,6 +99,20 @@ def test_sigterm_to_the_process_group_with_loader_workers(tmp_path):
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM, stderr
     assert "stopped by SIGTERM" in stderr and "Traceback" not in stderr
+
+
+def test_a_stop_before_the_first_commit_leaves_nothing_and_says_so(make_cfg, tmp_path,
+                                                                   monkeypatch):
+    @contextlib.contextmanager
+    def sigint_at_once():
+        yield [signal.SIGINT]  # as if Ctrl-C came during the first batch
+
+    monkeypatch.setattr(probe.runner, "_stop_signals", sigint_at_once)
+    # compressed rows wait for their chunk (4 rows here), so the first batch of 2 is not saved
+    cfg = make_cfg("model=resnet18", "layers=[fc]", "batch_size=2", "output.compression=lzf")
+    with pytest.raises(RunStopped, match="before any rows were saved") as info:
+        probe.run(cfg)
+    assert info.value.exit_code == 130 and not list(tmp_path.rglob("*.h5*"))
 
 
 def _kill_until_done(tmp_path, samples: int, kills: int, seed: int, *extra: str) -> list[int]:
