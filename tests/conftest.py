@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
+import h5py
+import numpy as np
 import pytest
 import torch
 import torchvision
@@ -72,6 +75,19 @@ def run_cli(*args: str, cwd: Path, module: str = "probe") -> subprocess.Complete
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore"}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
+
+
+def no_h5_files(directory: Path) -> bool:
+    """Whether no probe file, finished or partial, lies anywhere under ``directory``."""
+    return not list(directory.rglob("*.h5*"))
+
+
+def assert_same_datasets(a: Path, b: Path, keys: Iterable[str]) -> None:
+    """The datasets ``keys`` of two HDF5 files hold the same values and attrs."""
+    with h5py.File(a, "r") as x, h5py.File(b, "r") as y:
+        for key in keys:
+            np.testing.assert_array_equal(x[key][:], y[key][:], err_msg=key)
+            assert dict(x[key].attrs) == dict(y[key].attrs), key
 
 
 def hook_count(model: nn.Module) -> int:

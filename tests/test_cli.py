@@ -7,7 +7,7 @@ import textwrap
 import h5py
 import numpy as np
 
-from tests.conftest import run_cli
+from tests.conftest import no_h5_files, run_cli
 
 TINY = ["dataset.image_size=32", "dataset.num_samples=5", "batch_size=2"]
 
@@ -31,7 +31,7 @@ def test_user_error_is_one_line_and_exit_1(tmp_path):
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("probe: error:")]
     assert len(errors) == 1 and "layer5" in errors[0] and "Traceback" not in result.stderr
-    assert not list(tmp_path.rglob("*.h5*"))
+    assert no_h5_files(tmp_path)
 
 
 def test_mistyped_key_fails_at_composition(tmp_path):

@@ -12,7 +12,6 @@ import sys
 import time
 
 import h5py
-import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -21,6 +20,7 @@ import probe.runner
 import probe.writer
 from probe.config import CONFIG_DIR
 from probe.errors import OutputError, RunStopped
+from tests.conftest import assert_same_datasets, no_h5_files
 
 # resnet18 at 32 px on 2 CPU cores: a few hundred samples take several seconds, long enough
 # to be interrupted part-way
@@ -46,8 +46,7 @@ def _wait_for(path, seconds: float = 60.0) -> None:
 def _assert_same_file(a, b) -> None:
     with h5py.File(a, "r") as x, h5py.File(b, "r") as y:
         assert x.attrs["complete"] and y.attrs["complete"]
-        for key in ("index", "target", "layer3/output", "fc/output"):
-            np.testing.assert_array_equal(x[key][:], y[key][:], err_msg=key)
+    assert_same_datasets(a, b, ("index", "target", "layer3/output", "fc/output"))
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +111,7 @@ def test_a_stop_before_the_first_commit_leaves_nothing_and_says_so(make_cfg, tmp
     cfg = make_cfg("model=resnet18", "layers=[fc]", "batch_size=2", "output.compression=lzf")
     with pytest.raises(RunStopped, match="before any rows were saved") as info:
         probe.run(cfg)
-    assert info.value.exit_code == 130 and not list(tmp_path.rglob("*.h5*"))
+    assert info.value.exit_code == 130 and no_h5_files(tmp_path)
 
 
 def _kill_until_done(tmp_path, samples: int, kills: int, seed: int, *extra: str) -> list[int]:
@@ -184,7 +183,7 @@ def test_a_run_that_cannot_fit_fails_at_once(make_cfg, tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 1000, 1000))
     with pytest.raises(OutputError, match=r"needs about .* GiB .* GiB free"):
         probe.run(make_cfg("model=resnet18", "layers=[layer1]"))
-    assert not list(tmp_path.rglob("*.h5*"))
+    assert no_h5_files(tmp_path)
     probe.run(make_cfg("model=resnet18", "layers=[layer1]", "output.check_free_space=false"))
 
 

@@ -14,7 +14,7 @@ import probe
 import probe.runner
 from probe.data import SyntheticImages
 from probe.errors import ConfigError
-from tests.conftest import hook_count, load_model
+from tests.conftest import hook_count, load_model, no_h5_files
 
 CASES = {
     # features.28 is followed by ReLU(inplace=True); classifier.3 by ReLU(inplace) and Dropout
@@ -201,16 +201,12 @@ class DeadEnd(nn.Module):
         return self.head(self.used(x).mean((2, 3)))
 
 
-def _no_files(directory):
-    return not list(directory.rglob("*.h5*"))
-
-
 def test_a_layer_the_objective_does_not_depend_on(make_cfg, tmp_path):
     cfg = make_cfg("layers=[unused]", "hooks=[backward]")
     cfg.model = OmegaConf.create({"_target_": "tests.test_gradients.DeadEnd"})
     with pytest.raises(ConfigError, match="does not depend on 'unused'"):
         probe.run(cfg)
-    assert _no_files(tmp_path)
+    assert no_h5_files(tmp_path)
 
 
 def test_target_objective_needs_targets(make_cfg, tmp_path):
@@ -220,7 +216,7 @@ def test_target_objective_needs_targets(make_cfg, tmp_path):
                                                 "_args_": [2, 3, 32, 32]}]})
     with pytest.raises(ConfigError, match="no targets"):
         probe.run(cfg)
-    assert _no_files(tmp_path)
+    assert no_h5_files(tmp_path)
 
 
 def test_wrong_objective_shape_leaves_no_file(make_cfg, tmp_path):
@@ -228,7 +224,7 @@ def test_wrong_objective_shape_leaves_no_file(make_cfg, tmp_path):
                    "objective={_target_: tests.test_gradients.whole_batch}")
     with pytest.raises(ConfigError, match="one value per sample"):
         probe.run(cfg)
-    assert _no_files(tmp_path)
+    assert no_h5_files(tmp_path)
 
 
 def test_unknown_objective(make_cfg):

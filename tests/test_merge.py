@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 
 import h5py
-import numpy as np
 import pytest
 
 import probe
 from probe.errors import OutputError
 from probe.merge import merge
-from tests.conftest import run_cli
+from tests.conftest import assert_same_datasets, run_cli
 
 # batch_size=1: each sample is computed alone in every run, so values match bit for bit
 RUN = ["model=resnet18", "layers=[layer4,fc]", "hooks=[forward,backward]", "limit=5",
@@ -33,10 +32,8 @@ def single(make_cfg, tmp_path):
 
 
 def _assert_equal_files(a, b) -> None:
-    with h5py.File(a, "r") as x, h5py.File(b, "r") as y:
-        for key in ("index", "target", "layer4/output", "layer4/grad_output", "fc/output"):
-            np.testing.assert_array_equal(x[key][:], y[key][:], err_msg=key)
-            assert dict(x[key].attrs) == dict(y[key].attrs)
+    assert_same_datasets(a, b, ("index", "target", "layer4/output", "layer4/grad_output",
+                                "fc/output"))
 
 
 def test_three_shards_merge_into_the_single_run(shards, single, tmp_path):

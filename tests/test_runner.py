@@ -11,6 +11,7 @@ import probe
 import probe.writer
 from probe.errors import ConfigError, DataError, DeviceError, OutputError, ProbeError
 from probe.store import partial_path
+from tests.conftest import assert_same_datasets, no_h5_files
 
 
 def test_layout_and_attrs(make_cfg):
@@ -125,13 +126,7 @@ def test_resume_after_committed_rows_equals_a_whole_run(make_cfg, tmp_path, monk
     with pytest.raises(OutputError, match="not finished"):
         probe.open(target)
     probe.run(cfg)
-    with h5py.File(whole, "r") as a, h5py.File(target, "r") as b:
-        for key in ("index", "target", "layer4/output"):
-            np.testing.assert_array_equal(a[key][:], b[key][:])
-
-
-def _no_h5(directory):
-    return not list(directory.rglob("*.h5*"))
+    assert_same_datasets(whole, target, ("index", "target", "layer4/output"))
 
 
 @pytest.mark.parametrize("overrides, error, message", [
@@ -162,14 +157,14 @@ def test_bad_input_is_one_clear_error_and_no_file(make_cfg, tmp_path, overrides,
         probe.run(make_cfg(*overrides))
     assert isinstance(info.value, ProbeError)
     assert "\n" not in str(info.value)
-    assert _no_h5(tmp_path)
+    assert no_h5_files(tmp_path)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_device_cuda_is_an_error_without_cuda(make_cfg, tmp_path):
     with pytest.raises(DeviceError, match="device=cpu"):
         probe.run(make_cfg("model=resnet18", "layers=[fc]", "device=cuda"))
-    assert _no_h5(tmp_path)
+    assert no_h5_files(tmp_path)
 
 
 def test_unwritable_output_directory(make_cfg, tmp_path):
@@ -204,4 +199,4 @@ def test_file_locking_can_be_relaxed(make_cfg, value):
 def test_file_locking_rejects_other_values(make_cfg, tmp_path):
     with pytest.raises(ConfigError, match="output.file_locking='sometimes'"):
         probe.run(make_cfg("model=resnet18", "layers=[fc]", "output.file_locking=sometimes"))
-    assert _no_h5(tmp_path)
+    assert no_h5_files(tmp_path)
