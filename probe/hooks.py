@@ -14,7 +14,9 @@ Gradient kinds are filled by ``Capture.backward(objective)``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from enum import Enum
 from types import MappingProxyType
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -25,6 +27,8 @@ from probe.errors import ConfigError
 from probe.layers import first_tensor, match_layers, resolve_layers
 
 __all__ = ["attach", "Capture", "StopForward", "reduce_tensor", "parse_hooks", "resolve_reduces"]
+
+_E = TypeVar("_E", bound=Enum)
 
 
 class StopForward(Exception):
@@ -67,13 +71,8 @@ def parse_hooks(hooks: Iterable[str | Hook]) -> list[Hook]:
         ConfigError: an unknown name or an empty list.
     """
     parsed: list[Hook] = []
-    for hook in hooks:
-        if not isinstance(hook, Hook):
-            if str(hook) not in Hook.__members__:
-                raise ConfigError(
-                    f"hook {hook!r} is unknown; use any of {', '.join(Hook.__members__)}"
-                )
-            hook = Hook[str(hook)]
+    for value in hooks:
+        hook = _member(Hook, value, f"hook {value!r}")
         if hook not in parsed:
             parsed.append(hook)
     if not parsed:
@@ -125,18 +124,21 @@ def resolve_reduces(layers: Iterable[str], reduce: str | Reduce,
 
 
 def _parse_reduce(value: str | Reduce, what: str) -> Reduce:
-    if isinstance(value, Reduce):
-        return value
     if isinstance(value, Mapping):  # +reduce_by_layer.layer4.1=none nests at each dot
         raise ConfigError(
             f"{what} is a mapping, not a reduce; write layer names with dots inside braces: "
             "'reduce_by_layer={layer4.1:none}'"
         )
-    if str(value) not in Reduce.__members__:
-        raise ConfigError(
-            f"{what}={value!r} is unknown; use any of {', '.join(Reduce.__members__)}"
-        )
-    return Reduce[str(value)]
+    return _member(Reduce, value, f"{what}={value!r}")
+
+
+def _member(enum: type[_E], value: str | _E, label: str) -> _E:
+    """``value`` as a member of ``enum``, looked up by name, or a ConfigError naming them all."""
+    if isinstance(value, enum):
+        return value
+    if str(value) not in enum.__members__:
+        raise ConfigError(f"{label} is unknown; use any of {', '.join(enum.__members__)}")
+    return enum[str(value)]
 
 
 def reduce_tensor(tensor: torch.Tensor, how: Reduce) -> torch.Tensor:
