@@ -14,9 +14,7 @@ so ``probe.open`` reads it too.
 
 from __future__ import annotations
 
-import datetime as _dt
 import logging
-import os
 from pathlib import Path
 
 import h5py
@@ -31,7 +29,7 @@ from probe.data import IMAGENET_MEAN, IMAGENET_STD
 from probe.errors import ConfigError, OutputError
 from probe.read import FeatureFile, open_checked
 from probe.rows import row_blocks
-from probe.store import chunk_shape, partial_path
+from probe.store import Store, partial_path
 
 __all__ = ["gradcam", "write_gradcam", "save_montage", "default_output", "main"]
 
@@ -158,38 +156,29 @@ def _conv_pair(f: FeatureFile, layer: str) -> tuple[h5py.Dataset, h5py.Dataset]:
 
 def _write(f: FeatureFile, layer: str, acts: h5py.Dataset, grads: h5py.Dataset, target: Path,
            normalize: bool, block_rows: int) -> None:
-    from probe import __version__
-
-    partial = partial_path(target)
-    num_rows, map_shape = f.num_rows, tuple(acts.shape[2:])
+    # a Store, as a run's: written as <target>.partial, renamed once complete
+    index, labels = torch.from_numpy(f.index), f.target
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        out = h5py.File(partial, "w")
+        store = Store(target, config_yaml=str(f.attrs["config"]), num_rows=f.num_rows,
+                      has_target=labels is not None,
+                      attrs={"source": str(f.path.resolve()), "normalize": normalize,
+                             "layers": [layer]})
     except OSError as err:
-        raise OutputError(f"cannot write {str(partial)!r} ({err.strerror or err}); choose a "
-                          "writable output") from None
+        raise OutputError(f"cannot write {str(partial_path(target))!r} ({err.strerror or err}); "
+                          "choose a writable output") from None
+    attrs = {"layer": layer, "kind": "gradcam", "normalize": normalize,
+             "objective": str(f.attrs.get("objective", "top1"))}
     try:
-        with out:
-            attrs = {"config": str(f.attrs["config"]), "probe_version": __version__,
-                     "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                     "complete": False, "num_samples": num_rows, "num_committed": 0,
-                     "source": str(f.path.resolve()), "normalize": normalize,
-                     "layers": np.array([layer], dtype=h5py.string_dtype())}
-            out.attrs.update(attrs)
-            out["index"] = f.index
-            if f.target is not None:
-                out["target"] = f.target
-            maps = out.create_dataset(f"{layer}/gradcam", shape=(num_rows, *map_shape),
-                                      dtype=np.float32,
-                                      chunks=chunk_shape(map_shape, 4, num_rows))
-            maps.attrs.update({"layer": layer, "kind": "gradcam", "normalize": normalize,
-                               "objective": str(f.attrs.get("objective", "top1"))})
-            for start, stop in row_blocks(acts, num_rows, block_rows):
-                maps[start:stop] = gradcam(acts[start:stop], grads[start:stop], normalize)
-            out.attrs.update({"complete": True, "num_committed": num_rows})
-        os.replace(partial, target)
+        for start, stop in row_blocks(acts, f.num_rows, block_rows):
+            store.append(index[start:stop],
+                         None if labels is None else torch.from_numpy(labels[start:stop]),
+                         {f"{layer}/gradcam": gradcam(acts[start:stop], grads[start:stop],
+                                                      normalize)},
+                         attrs_for=lambda key: attrs)
+        store.finish()
     except BaseException:
-        partial.unlink(missing_ok=True)
+        store.close(discard_if_empty=True)
         raise
 
 
