@@ -36,8 +36,8 @@ def _hydra_app(task):
 
 
 def exit_on_user_error(task):
-    """Wrap a Hydra task so that a ProbeError prints one line and exits non-zero (1, or a
-    stopped run's 128 + signal), instead of Hydra's traceback."""
+    """Wrap a command (a Hydra task, or any function of one argument) so that a ProbeError
+    prints one line and exits non-zero (1, or a stopped run's 128 + signal), not a traceback."""
 
     def wrapped(cfg: DictConfig) -> None:
         try:

@@ -12,7 +12,6 @@ import argparse
 import logging
 import os
 import re
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import numpy as np
 import yaml
 from hydra.experimental.callback import Callback
 
+from probe.cli import exit_on_user_error
 from probe.errors import OutputError, ProbeError
 from probe.store import differing_keys, partial_path
 
@@ -174,11 +174,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        merge(args.output, args.shards, copy=args.copy, overwrite=args.overwrite)
-    except ProbeError as err:
-        print(f"probe: error: {err}", file=sys.stderr)
-        sys.exit(1)
+    exit_on_user_error(lambda a: merge(a.output, a.shards, copy=a.copy,
+                                       overwrite=a.overwrite))(args)
 
 
 if __name__ == "__main__":
