@@ -28,9 +28,9 @@ from hydra import compose, initialize_config_dir
 from torch import nn
 
 import probe
-import probe.runner
 from probe.config import CONFIG_DIR
 from probe.data import SyntheticImages, make_loader
+from probe.format import DatasetSpec
 from probe.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,25 +52,15 @@ DRY_RUNS: list[float] = []  # seconds of each probe run's one-sample dry run, ne
 
 
 def _probe_run(model: nn.Module, dataset, overrides: list[str], out: Path) -> float:
-    """Seconds for probe.run, with the model and dataset built once outside the timing."""
-    build, size = probe.runner.build, probe.runner._bytes_per_row
-
-    def timed_size(*args):
-        started = time.perf_counter()
-        try:
-            return size(*args)
-        finally:
-            DRY_RUNS.append(time.perf_counter() - started)
-
-    probe.runner.build = lambda cfg, device: (model, dataset)
-    probe.runner._bytes_per_row = timed_size
+    """Seconds for plan + execute, with the model and dataset built once outside the timing."""
     cfg = _cfg(overrides, out)  # composing is start-up (case 5), not the run
     try:
         started = time.perf_counter()
-        probe.run(cfg)
+        plan = probe.plan(cfg, model=model, dataset=dataset)
+        probe.execute(plan)
+        DRY_RUNS.append(plan.dry_run_seconds)
         return time.perf_counter() - started
     finally:
-        probe.runner.build, probe.runner._bytes_per_row = build, size
         out.unlink(missing_ok=True)
 
 
@@ -108,13 +98,14 @@ def _store_write(layers: int, rows: int, batch_size: int, directory: Path) -> fl
     block = torch.rand(batch_size, 64, 224, 224)
     path = directory / "store.h5"
     started = time.perf_counter()
-    store = Store(path, config_yaml="{}", num_rows=rows, has_target=True)
-    for batch, start in enumerate(range(0, rows, batch_size)):
-        index = torch.arange(start, min(start + batch_size, rows))
-        store.append(index, index, {f"layer{i}/output": block[:len(index)] for i in range(layers)})
-        if batch % 8 == 7:  # as the writer commits by default
-            store.commit()
-    store.finish()
+    specs = {f"layer{i}/output": DatasetSpec((64, 224, 224), "float32") for i in range(layers)}
+    with Store(path, config_yaml="{}", num_rows=rows, datasets=specs) as store:
+        for batch, start in enumerate(range(0, rows, batch_size)):
+            index = torch.arange(start, min(start + batch_size, rows))
+            store.append(index, index, {key: block[:len(index)] for key in specs})
+            if batch % 8 == 7:  # as the writer commits by default
+                store.commit()
+        store.finish()
     elapsed = time.perf_counter() - started
     path.unlink()
     return elapsed

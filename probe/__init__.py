@@ -1,6 +1,7 @@
 """probe: capture what PyTorch models compute inside, into chunked HDF5 files.
 
     probe.run(cfg)                          the whole pipeline from a composed Hydra config
+    probe.execute(probe.plan(cfg, model=m)) the same in its two steps, with your own model
     with probe.attach(model, layers, hooks=("forward",)) as cap: ...
                                             hooks on for the block, removed on exit
     probe.open(path)                        read a finished file
@@ -14,10 +15,13 @@ import importlib
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["run", "attach", "open", "Capture", "FeatureFile", "ProbeError", "__version__"]
+__all__ = ["run", "plan", "execute", "attach", "open", "Capture", "FeatureFile", "ProbeError",
+           "__version__"]
 
 _LAZY = {
     "run": "probe.runner",
+    "plan": "probe.planner",
+    "execute": "probe.runner",
     "attach": "probe.hooks",
     "Capture": "probe.hooks",
     "open": "probe.read",
@@ -28,8 +32,9 @@ _LAZY = {
 if TYPE_CHECKING:
     from probe.errors import ProbeError
     from probe.hooks import Capture, attach
+    from probe.planner import plan
     from probe.read import FeatureFile, open
-    from probe.runner import run
+    from probe.runner import execute, run
 
 
 def __getattr__(name: str):

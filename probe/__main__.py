@@ -1,6 +1,6 @@
-"""``python -m probe``: parse the Hydra config and run the pipeline (see probe.runner.run)."""
+"""``python -m probe``: the pipeline (probe.commands.run)."""
 
-from probe.cli import main
+from probe.commands.run import main
 
 if __name__ == "__main__":
     main()

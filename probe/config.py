@@ -1,19 +1,26 @@
-"""The config schema, checked by Hydra when a config is composed.
+"""The config schema, checked by Hydra when a config is composed, and the one home of every
+default: ``conf/config.yaml`` picks the groups and sets Hydra's options, the values are here.
 
-Values live in ``conf/`` (YAML groups); this file only says which keys exist and their types, so
-that a mistyped key or a value of the wrong type fails at composition with Hydra's own message.
-``register_configs()`` puts the schema in Hydra's ConfigStore as ``probe_schema``.
+A mistyped key or a value of the wrong type fails at composition with Hydra's own message; a key
+added with ``+`` is refused by ``check_known_keys``. ``register_configs()`` puts the schema in
+Hydra's ConfigStore as ``probe_schema``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig
+
+from probe.errors import ConfigError
+from probe.format import Hook
 
 __all__ = [
     "CONFIG_DIR",
@@ -22,6 +29,9 @@ __all__ = [
     "Dtype",
     "Compression",
     "ProbeConfig",
+    "NEUTRAL_KEYS",
+    "differing_keys",
+    "check_known_keys",
     "option_name",
     "register_configs",
 ]
@@ -34,23 +44,6 @@ def _config_dir() -> Path:
 
 
 CONFIG_DIR = _config_dir()
-
-
-class Hook(str, Enum):
-    """What a hook captures, and the dataset it writes under ``<layer>/``."""
-
-    forward = "output"
-    forward_pre = "input"
-    backward = "grad_output"
-    backward_input = "grad_input"
-
-    @property
-    def kind(self) -> str:
-        return self.value
-
-    @property
-    def needs_grad(self) -> bool:
-        return self in (Hook.backward, Hook.backward_input)
 
 
 class Reduce(str, Enum):
@@ -133,6 +126,52 @@ class ProbeConfig:
     seed: int = 0
     shard: ShardConfig = field(default_factory=ShardConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+
+
+# Keys that do not change what is stored: a run may resume, or find its finished file, with other
+# values of these. conf/config.yaml leaves the same keys out of the run folder's name (a test
+# holds the two lists equal).
+NEUTRAL_KEYS = ("batch_size", "num_workers", "device", "stop_early", "output.path",
+                "output.overwrite", "output.commit_every", "output.commit_seconds",
+                "output.check_free_space", "output.file_locking")
+
+
+def differing_keys(a: Mapping, b: Mapping, ignore: tuple[str, ...] = NEUTRAL_KEYS) -> list[str]:
+    """Dotted keys whose values differ between two configs, leaving out ``ignore``."""
+    flat_a, flat_b = _flatten(a), _flatten(b)
+    keys = sorted(set(flat_a) | set(flat_b))
+    return [k for k in keys if k not in ignore and flat_a.get(k) != flat_b.get(k)]
+
+
+def _flatten(node: Mapping, prefix: str = "") -> dict:
+    flat: dict = {}
+    for key, value in node.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def check_known_keys(cfg: DictConfig, schema: type = ProbeConfig, prefix: str = "") -> None:
+    """Refuse keys the schema does not have. Hydra refuses them too, except when added with
+    ``+``, which its own hint for a misspelled key suggests (``+batchsize=8``).
+
+    Raises:
+        ConfigError: naming the unknown key and the closest real one.
+    """
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key in cfg:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
+            hint = f"; did you mean {prefix}{close[0]}?" if close else ""
+            raise ConfigError(f"{prefix}{key} is not a probe config key{hint} (python -m probe "
+                              "--help lists them all)")
+        kind = fields[str(key)].type
+        nested = next((c for c in (ShardConfig, OutputConfig) if kind in (c, c.__name__)), None)
+        if nested is not None and isinstance(cfg[key], DictConfig):
+            check_known_keys(cfg[key], nested, f"{prefix}{key}.")
 
 
 def option_name(value) -> str:

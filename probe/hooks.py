@@ -22,8 +22,9 @@ import torch
 from torch import nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-from probe.config import Hook, Reduce
+from probe.config import Reduce
 from probe.errors import ConfigError
+from probe.format import Attr, Hook, dataset_key, split_key
 from probe.layers import first_tensor, match_layers, resolve_layers
 
 __all__ = ["attach", "Capture", "StopForward", "reduce_tensor", "parse_hooks", "resolve_reduces"]
@@ -175,7 +176,7 @@ class Capture:
         self.reduces = resolve_reduces(self.layers, reduce, reduce_by_layer)
         self.dtype = dtype
         # forward-only: once a complete pass has shown that every hooked module runs, and runs
-        # once, raise StopForward as soon as a pass has given its last value
+        # once, raise StopForward as soon as a pass has given its last value (see arm)
         self.stop_early = stop_early and not self.needs_grad
         self._armed = False
         # set by take() when copies from a CUDA device are still in flight
@@ -190,7 +191,7 @@ class Capture:
     @property
     def keys(self) -> list[str]:
         """Every "<layer>/<kind>" this capture fills, layer by layer."""
-        return [f"{layer}/{hook.kind}" for layer in self.layers for hook in self.hooks]
+        return [dataset_key(layer, hook.kind) for layer in self.layers for hook in self.hooks]
 
     @property
     def needs_grad(self) -> bool:
@@ -204,15 +205,20 @@ class Capture:
 
     def attrs(self, key: str) -> dict:
         """What the file records about the dataset "<layer>/<kind>"."""
-        layer, kind = key.rsplit("/", 1)
+        layer, kind = split_key(key)
         hook = next(h for h in self.hooks if h.kind == kind)
-        attrs = {"layer": layer, "hook": hook.name, "kind": kind,
-                 "reduce": self.reduces[layer].name}
+        attrs = {Attr.LAYER: layer, Attr.HOOK: hook.name, Attr.KIND: kind,
+                 Attr.REDUCE: self.reduces[layer].name}
         if self.dtype is not None:
-            attrs["dtype"] = str(self.dtype).removeprefix("torch.")
+            attrs[Attr.DTYPE] = str(self.dtype).removeprefix("torch.")
         if key in self.tuple_positions:
-            attrs["tuple_position"] = self.tuple_positions[key]
+            attrs[Attr.TUPLE_POSITION] = self.tuple_positions[key]
         return attrs
+
+    def arm(self) -> None:
+        """Arm the early stop before the first pass, for a caller that has seen a complete
+        pass (a dry run) in which every hooked module ran, once."""
+        self._armed = self.stop_early
 
     # -- lifetime -----------------------------------------------------------------------------
 

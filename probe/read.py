@@ -17,18 +17,22 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from probe.errors import ConfigError, DataError, OutputError
-from probe.store import partial_path
+from probe.format import (
+    HOOK_OF_KIND,
+    INDEX,
+    TARGET,
+    Attr,
+    dataset_key,
+    partial_path,
+    read_state,
+    split_key,
+)
 
 if TYPE_CHECKING:
     from probe.rows import RowLoader
 
 __all__ = ["open", "open_checked", "FeatureFile"]
 
-# the run's hook that stores each kind, to tell a user how to get a kind a file lacks
-_HOOK_OF_KIND = {"output": "forward", "input": "forward_pre", "grad_output": "backward",
-                 "grad_input": "backward_input"}
-
-_open = open  # the builtin, before this module's `open` hides it
 
 
 def open(path: str | Path, *, allow_partial: bool = False) -> FeatureFile:  # noqa: A001
@@ -60,58 +64,41 @@ def open_checked(path: str | Path) -> FeatureFile:
         OutputError: the run that writes it has not finished.
     """
     path = Path(path).expanduser()
-    if not path.exists():
-        if partial_path(path).exists():
-            raise OutputError(
-                f"file={str(path)!r} is not finished (only {partial_path(path).name} is there): "
-                "its run is still going or was stopped; run the same probe command again to "
-                "finish it"
-            )
+    if not path.exists() and not partial_path(path).exists():
         raise DataError(f"file={str(path)!r} does not exist; pass the .h5 file a probe run wrote")
-    try:
-        return FeatureFile(path)
-    except OutputError:
-        with h5py.File(path, "r") as f:
-            done, total = int(f.attrs.get("num_committed", 0)), int(f.attrs["num_samples"])
-        raise OutputError(
-            f"file={str(path)!r} is not complete ({done} of {total} rows); run the same probe "
-            "command again to finish it"
-        ) from None
-    except (OSError, KeyError) as err:
-        raise DataError(
-            f"file={str(path)!r} is not a probe file ({err}); pass the .h5 file a probe run wrote"
-        ) from None
+    return FeatureFile(path, label="file=", fix="run the same probe command again to finish it")
 
 
 class FeatureFile:
     """A probe HDF5 file: its datasets by "<layer>/<kind>", row index, targets and config."""
 
-    def __init__(self, path: str | Path, *, allow_partial: bool = False):
+    def __init__(self, path: str | Path, *, allow_partial: bool = False, label: str = "",
+                 fix: str = "run the same command again to finish it, or pass "
+                            "allow_partial=True to read the committed rows"):
         path = Path(path)
         if not path.exists() and partial_path(path).exists():
-            path = partial_path(path) if allow_partial else path
             if not allow_partial:
-                raise OutputError(
-                    f"{str(path)!r} is not finished: its run is still going or was stopped. "
-                    "Run the same command again to resume it, or pass allow_partial=True to "
-                    "read the committed rows"
-                )
+                raise OutputError(f"{label}{str(path)!r} is not finished (only "
+                                  f"{partial_path(path).name} is there): its run is still going "
+                                  f"or was stopped; {fix}")
+            path = partial_path(path)
         if not path.exists():
             raise FileNotFoundError(f"no probe file at {str(path)!r}")
         self.path = path
         _register_extra_filters()
-        self._file = h5py.File(path, "r")
-        attrs = self._file.attrs
-        self.complete = bool(attrs.get("complete", False))
+        try:
+            self._file = h5py.File(path, "r")
+            state = read_state(self._file, path)
+        except (OSError, KeyError) as err:
+            if hasattr(self, "_file"):
+                self._file.close()
+            raise DataError(f"{label}{str(path)!r} is not a probe file ({err}); pass the .h5 "
+                            "file a probe run wrote") from None
+        self.complete = state.complete
         if not self.complete and not allow_partial:
-            message = (
-                f"{str(path)!r} is not complete ({int(attrs.get('num_committed', 0))} of "
-                f"{int(attrs.get('num_samples', 0))} rows); run the same command again to finish "
-                "it, or pass allow_partial=True to read the committed rows"
-            )
             self._file.close()
-            raise OutputError(message)
-        self.num_rows = int(attrs["num_samples"] if self.complete else attrs["num_committed"])
+            raise OutputError(f"{label}{str(path)!r} is not complete ({state.progress()}); {fix}")
+        self.num_rows = state.readable_rows
 
     def __enter__(self) -> FeatureFile:
         return self
@@ -125,7 +112,7 @@ class FeatureFile:
     @property
     def keys(self) -> list[str]:
         """Every stored "<layer>/<kind>", in file order."""
-        return [f"{layer}/{kind}" for layer in self.layers for kind in self._file[layer]]
+        return [dataset_key(layer, kind) for layer in self.layers for kind in self._file[layer]]
 
     @property
     def layers(self) -> list[str]:
@@ -144,11 +131,12 @@ class FeatureFile:
         """
         if key in self.keys:
             return self[key]
-        layer, _, kind = key.rpartition("/")
-        hooks = [str(h) for h in self._file.attrs.get("hooks", [])]
-        layers = [str(name) for name in self._file.attrs.get("layers", self.layers)]
-        if kind in _HOOK_OF_KIND and layer:
-            hooks = [h for h in _HOOK_OF_KIND.values() if h in {*hooks, _HOOK_OF_KIND[kind]}]
+        layer, kind = split_key(key)
+        hooks = [str(h) for h in self._file.attrs.get(Attr.HOOKS, [])]
+        layers = [str(name) for name in self._file.attrs.get(Attr.LAYERS, self.layers)]
+        if kind in HOOK_OF_KIND and layer:
+            wanted = {*hooks, HOOK_OF_KIND[kind].name}
+            hooks = [h.name for h in HOOK_OF_KIND.values() if h.name in wanted]
             layers = list(dict.fromkeys([*layers, layer]))
             fix = (f"run probe with 'layers=[{','.join(layers)}]' 'hooks=[{','.join(hooks)}]' "
                    "to store it")
@@ -192,11 +180,11 @@ class FeatureFile:
 
     @property
     def index(self) -> np.ndarray:
-        return self._file["index"][: self.num_rows]
+        return self._file[INDEX][: self.num_rows]
 
     @property
     def target(self) -> np.ndarray | None:
-        return self._file["target"][: self.num_rows] if "target" in self._file else None
+        return self._file[TARGET][: self.num_rows] if TARGET in self._file else None
 
     @property
     def attrs(self) -> dict:
@@ -205,7 +193,7 @@ class FeatureFile:
     @property
     def config(self) -> DictConfig:
         """The resolved config of the run that wrote the file."""
-        return OmegaConf.create(str(self._file.attrs["config"]))
+        return OmegaConf.create(str(self._file.attrs[Attr.CONFIG]))
 
     def __repr__(self) -> str:
         state = "complete" if self.complete else "partial"

@@ -10,7 +10,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
 
 from probe.store import Store
 
@@ -26,22 +25,35 @@ class BackgroundWriter:
 
     Example::
 
-        writer = BackgroundWriter(store)
-        for batch in batches:
-            writer.put(index, target, values)
-        writer.close()          # drains the queue, commits, re-raises a write error
+        with BackgroundWriter(store) as writer:
+            for batch in batches:
+                writer.put(index, target, values)
+            writer.close()      # drains the queue, commits, re-raises a write error
+
+    Leaving the block on an error still writes and commits the batches already handed over
+    (a resumed run continues after them); an error of the writer itself is then only logged.
     """
 
     def __init__(self, store: Store, *, max_pending: int = 4, commit_every_batches: int = 8,
-                 commit_every_seconds: float = 5.0,
-                 attrs_for: Callable[[str], Mapping] | None = None):
+                 commit_every_seconds: float = 5.0):
         self.store = store
-        self.attrs_for = attrs_for
         self._commit_batches, self._commit_seconds = commit_every_batches, commit_every_seconds
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._work, name="probe-writer", daemon=True)
         self._thread.start()
+
+    def __enter__(self) -> BackgroundWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except BaseException as err:  # the block's own error is the one to report
+            log.debug("writer stopped with %r", err)
 
     def put(self, index, target, values, ready=None) -> None:
         """Queue one batch; blocks while ``max_pending`` batches wait. Raises a write error.
@@ -75,7 +87,7 @@ class BackgroundWriter:
                 index, target, values, ready = item
                 if ready is not None:
                     ready.synchronize()
-                self.store.append(index, target, values, attrs_for=self.attrs_for)
+                self.store.append(index, target, values)
                 batches += 1
                 if (batches % self._commit_batches == 0
                         or time.monotonic() - last_commit >= self._commit_seconds):

@@ -1,7 +1,10 @@
-"""Shared fixtures: the real config composed with tiny inputs, seeded checkpoints, a CLI runner."""
+"""Shared helpers: the real config composed with tiny inputs, seeded models, a CLI runner, the
+one-line error check, and ways to interrupt a run."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import subprocess
 import sys
@@ -16,27 +19,41 @@ import torchvision
 from hydra import compose, initialize_config_dir
 from torch import nn
 
+import probe
+import probe.writer
 from probe.config import CONFIG_DIR
+from tests.tiny import PacedImages, TinyNet  # noqa: F401  (shared with the test modules)
 
 REPO = Path(__file__).resolve().parent.parent
 
 # Small enough for 2 CPU cores: 32 px images, a handful of samples.
 TINY = ["dataset.image_size=32", "dataset.num_samples=6", "batch_size=4"]
+# A model for the command line that imports in a second less than a torchvision one
+TINY_NET = ["model=custom", "model._target_=tests.tiny.TinyNet"]
+
+
+def compose_cfg(*overrides: str, output: Path | None = None, tiny: bool = True):
+    """conf/config.yaml composed with ``overrides`` (after TINY, unless another dataset is
+    picked or ``tiny`` is false) and ``output.path=output`` when given."""
+    base = TINY if tiny and not any(o.startswith("dataset=") for o in overrides) else []
+    path = [f"output.path={output}"] if output is not None else []
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", [*base, *path, *overrides])
 
 
 @pytest.fixture
 def make_cfg(tmp_path):
-    """Compose conf/config.yaml with tiny inputs and the output under tmp_path."""
+    """compose_cfg with the output at tmp_path/features.h5 unless ``output`` says otherwise."""
 
     def make(*overrides: str, output: Path | None = None):
-        path = output or tmp_path / "features.h5"
-        tiny = TINY
-        if any(o.startswith("dataset=") for o in overrides):  # other datasets have other keys
-            tiny = [o for o in TINY if not o.startswith("dataset.")]
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            return compose("config", [*tiny, f"output.path={path}", *overrides])
+        return compose_cfg(*overrides, output=output or tmp_path / "features.h5")
 
     return make
+
+
+def run_with(cfg, *, model: nn.Module | None = None, dataset=None) -> Path:
+    """``probe.run(cfg)`` with this model or dataset instead of the config's."""
+    return probe.execute(probe.plan(cfg, model=model, dataset=dataset))
 
 
 def seeded_checkpoint(directory: Path, name: str, seed: int = 0) -> Path:
@@ -55,26 +72,72 @@ def seeded_checkpoint(directory: Path, name: str, seed: int = 0) -> Path:
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
+    """Weights the runner and an oracle share. vgg16 has no batch norm, so its seeded random
+    init (model.weights=null, seed=0) is used as it is, without writing 528 MB."""
     directory = tmp_path_factory.mktemp("checkpoints")
-    return {name: seeded_checkpoint(directory, name) for name in ("vgg16", "resnet18")}
+    return {"resnet18": seeded_checkpoint(directory, "resnet18"), "vgg16": None}
 
 
-def load_model(name: str, checkpoint: Path, inplace: bool = True) -> nn.Module:
-    """The checkpoint's model in eval mode; with ``inplace=False`` every in-place op is off."""
-    model = torchvision.models.get_model(name, weights=None)
-    model.load_state_dict(torch.load(checkpoint, weights_only=True))
+def model_overrides(name: str, checkpoint: Path | None) -> list[str]:
+    """The overrides that make the runner build ``load_model(name, checkpoint)``."""
+    weights = [f"model.weights={checkpoint}"] if checkpoint is not None else ["seed=0"]
+    return [f"model={name}", *weights]
+
+
+def load_model(name: str, checkpoint: Path | None, inplace: bool = True) -> nn.Module:
+    """The checkpoint's model (or the seed-0 random init) in eval mode, a copy of its own;
+    with ``inplace=False`` every in-place op is off."""
+    model = copy.deepcopy(_loaded(name, checkpoint))
     if not inplace:
         for module in model.modules():
             if hasattr(module, "inplace"):
                 module.inplace = False
+    return model
+
+
+@functools.cache
+def _loaded(name: str, checkpoint: Path | None) -> nn.Module:
+    # built once per session (vgg16 takes seconds to initialise); callers get copies
+    torch.manual_seed(0)
+    model = torchvision.models.get_model(name, weights=None)
+    if checkpoint is not None:
+        model.load_state_dict(torch.load(checkpoint, weights_only=True))
     return model.eval()
 
 
-def run_cli(*args: str, cwd: Path, module: str = "probe") -> subprocess.CompletedProcess:
-    """``python -m <module> ARGS`` in a fresh process, from ``cwd``."""
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore"}
+def run_cli(*args: str, cwd: Path, module: str = "probe", **env: str
+            ) -> subprocess.CompletedProcess:
+    """``python -m <module> ARGS`` in a fresh process, from ``cwd``; ``tests`` is importable
+    there, for configs that name a test module's ``_target_``."""
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore",
+           "PYTHONPATH": str(REPO), **env}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
+
+
+def error_line(result: subprocess.CompletedProcess, status: int = 1) -> str:
+    """The one ``probe: error:`` line of a command that failed as a user error should: with
+    ``status``, no traceback, no other error line."""
+    assert result.returncode == status, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("probe: error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    return errors[0]
+
+
+def interrupt_after(monkeypatch, batches: int) -> None:
+    """Make the run's writer raise KeyboardInterrupt when it is handed batch ``batches + 1``,
+    as a Ctrl-C between batches would (the first ``batches`` are kept)."""
+    calls = []
+    original = probe.writer.BackgroundWriter.put
+
+    def put(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > batches:
+            monkeypatch.undo()
+            raise KeyboardInterrupt
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(probe.writer.BackgroundWriter, "put", put)
 
 
 def no_h5_files(directory: Path) -> bool:

@@ -7,7 +7,7 @@ import textwrap
 import h5py
 import numpy as np
 
-from tests.conftest import no_h5_files, run_cli
+from tests.conftest import TINY_NET, error_line, no_h5_files, run_cli
 
 TINY = ["dataset.image_size=32", "dataset.num_samples=5", "batch_size=2"]
 
@@ -26,11 +26,9 @@ def test_main_job_writes_its_file_in_the_run_folder(tmp_path):
 
 
 def test_user_error_is_one_line_and_exit_1(tmp_path):
-    result = run_cli("model=resnet18", "layers=[layer5]", *TINY, f"output.path={tmp_path}/f.h5",
+    result = run_cli(*TINY_NET, "layers=[fx]", *TINY, f"output.path={tmp_path}/f.h5",
                      cwd=tmp_path)
-    assert result.returncode == 1
-    errors = [line for line in result.stderr.splitlines() if line.startswith("probe: error:")]
-    assert len(errors) == 1 and "layer5" in errors[0] and "Traceback" not in result.stderr
+    assert "'fx' matches no module of the model. Closest: fc" in error_line(result)
     assert no_h5_files(tmp_path)
 
 
@@ -50,32 +48,31 @@ def test_user_dataset_from_own_config_dir(tmp_path):
           - _target_: torch.ones
             _args_: [3, 3, 32, 32]
     """))
-    result = run_cli("--config-dir", str(tmp_path / "my_conf"), "dataset=mine",
-                     "model=resnet18", "layers=[fc]", f"output.path={tmp_path}/f.h5",
-                     cwd=tmp_path)
+    result = run_cli("--config-dir", str(tmp_path / "my_conf"), "dataset=mine", *TINY_NET,
+                     "layers=[fc]", f"output.path={tmp_path}/f.h5", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     with h5py.File(tmp_path / "f.h5", "r") as f:
-        assert f["fc/output"].shape == (3, 1000)
+        assert f["fc/output"].shape == (3, 10)
         assert "target" not in f  # items are 1-tuples: no targets
         np.testing.assert_array_equal(f["index"][:], [0, 1, 2])
 
 
 def test_list_layers(tmp_path):
-    result = run_cli("model=vgg16", "dataset.image_size=32", cwd=tmp_path, module="probe.layers")
+    result = run_cli(*TINY_NET, "dataset.image_size=32", "reduce=mean",
+                     "reduce_by_layer={features.3:none}", cwd=tmp_path, module="probe.layers")
     assert result.returncode == 0, result.stderr
     lines = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
-    assert "Conv2d" in lines["features.28"] and "(512, 2, 2)" in lines["features.28"]
-    assert "8.0 KiB" in lines["features.28"]  # 512 * 2 * 2 float32 values
+    assert "Conv2d" in lines["features.3"] and "(16, 16, 16)" in lines["features.3"]
+    assert "16.0 KiB" in lines["features.3"]  # 16 * 16 * 16 float32 values
+    assert "(8,)" in lines["features.0"] and "32 B" in lines["features.0"]  # mean-pooled
     assert list(tmp_path.iterdir()) == []  # listing writes nothing
-    result = run_cli("model=vgg16", "dataset.image_size=32", "reduce=mean",
-                     "reduce_by_layer={features.2*:none}", cwd=tmp_path, module="probe.layers")
-    lines = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
-    assert "(512,)" in lines["features.19"] and "(512, 2, 2)" in lines["features.28"]
 
 
 def test_run_folder_names_can_be_typed_back_unquoted():
-    from probe.cli import run_folder_name
+    from probe.commands import run_folder_name
 
     assert run_folder_name("layers=[features.28],model=vgg16") == "layers-features.28+model-vgg16"
-    assert run_folder_name("layers=[layer4.*,fc]") == "layers-layer4._+fc"
+    # characters that the name cannot keep add a hash, so that names stay one-to-one
+    assert run_folder_name("layers=[layer4.*,fc]").startswith("layers-layer4._+fc--")
+    assert run_folder_name("layers=[features.1?]") != run_folder_name("layers=[features.1*]")
     assert run_folder_name("") == "default"

@@ -8,6 +8,7 @@ from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from omegaconf.errors import ValidationError
 
+from probe.build import build_model
 from probe.config import CONFIG_DIR
 from probe.data import image_folder
 
@@ -16,16 +17,15 @@ DATASETS = sorted(p.stem for p in (CONFIG_DIR / "dataset").glob("*.yaml"))
 
 
 def test_the_groups_that_the_design_promises_exist():
-    assert {"vgg16", "resnet18", "resnet50", "vit_b_16", "torchvision"} <= set(MODELS)
+    assert {"vgg16", "resnet18", "resnet50", "vit_b_16", "torchvision", "custom"} <= set(MODELS)
     assert {"synthetic", "imagefolder", "cifar10"} <= set(DATASETS)
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_every_model_config_instantiates(make_cfg, name):
-    extra = ["model.name=alexnet"] if name == "torchvision" else []
-    cfg = make_cfg(f"model={name}", *extra)
-    torch.manual_seed(0)
-    model = instantiate(cfg.model)
+    extra = {"torchvision": ["model.name=alexnet"],
+             "custom": ["model._target_=tests.tiny.TinyNet"]}.get(name, [])
+    model = build_model(make_cfg(f"model={name}", *extra))
     assert isinstance(model, torch.nn.Module) and not model.training
 
 

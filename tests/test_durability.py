@@ -3,7 +3,6 @@ finished file equals the one an uninterrupted run writes."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import signal
@@ -13,25 +12,34 @@ import time
 
 import h5py
 import pytest
-from hydra import compose, initialize_config_dir
 
 import probe
-import probe.runner
-import probe.writer
-from probe.config import CONFIG_DIR
 from probe.errors import OutputError, RunStopped
-from tests.conftest import assert_same_datasets, no_h5_files
+from probe.runner import StopRequest
+from tests.conftest import (
+    REPO,
+    TINY_NET,
+    PacedImages,
+    assert_same_datasets,
+    compose_cfg,
+    interrupt_after,
+    no_h5_files,
+    run_with,
+)
 
-# resnet18 at 32 px on 2 CPU cores: a few hundred samples take several seconds, long enough
-# to be interrupted part-way
-RUN = ["model=resnet18", "layers=[layer3,fc]", "dataset.image_size=32", "batch_size=4",
-       "output.commit_every=1", "num_workers=0"]
+# A tiny model over images that take 5 ms each to load: a run of a few hundred samples lasts
+# long enough to be killed part-way, whatever the machine's speed
+RUN = [*TINY_NET, "layers=[features.0,fc]", "dataset._target_=tests.tiny.PacedImages",
+       "+dataset.delay=0.005", "dataset.image_size=32", "batch_size=4", "output.commit_every=1",
+       "num_workers=0"]
+KEYS = ("index", "target", "features.0/output", "fc/output")
 
 
 def _start(tmp_path, samples: int, out: str, *extra: str):
     args = [*RUN, f"dataset.num_samples={samples}", f"output.path={tmp_path / out}", *extra]
     # a session of its own, so that a signal can go to its whole process group, as SLURM's does
     return subprocess.Popen([sys.executable, "-m", "probe", *args], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(REPO)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
@@ -46,7 +54,7 @@ def _wait_for(path, seconds: float = 60.0) -> None:
 def _assert_same_file(a, b) -> None:
     with h5py.File(a, "r") as x, h5py.File(b, "r") as y:
         assert x.attrs["complete"] and y.attrs["complete"]
-    assert_same_datasets(a, b, ("index", "target", "layer3/output", "fc/output"))
+    assert_same_datasets(a, b, KEYS)
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +65,8 @@ def reference(tmp_path_factory):
 
     def get(samples: int):
         if samples not in done:
-            with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-                cfg = compose("config", [*RUN, f"dataset.num_samples={samples}",
-                                         f"output.path={directory}/{samples}.h5"])
-            done[samples] = probe.run(cfg)
+            done[samples] = probe.run(compose_cfg(*RUN, f"dataset.num_samples={samples}",
+                                                  output=directory / f"{samples}.h5", tiny=False))
         return done[samples]
 
     return get
@@ -68,49 +74,41 @@ def reference(tmp_path_factory):
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_at_a_batch_boundary_and_the_run_resumes(tmp_path, reference, signum):
-    samples = 800
-    process = _start(tmp_path, samples, "f.h5")
-    _wait_for(tmp_path / "f.h5.partial")
-    time.sleep(0.5)
-    process.send_signal(signum)
-    _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 128 + signum, stderr
-    lines = [line for line in stderr.splitlines() if line.startswith("probe: error:")]
-    assert len(lines) == 1 and "run the same command again to resume" in lines[0], stderr
-    with probe.open(tmp_path / "f.h5", allow_partial=True) as partial:
-        saved = partial.num_rows
-    assert 0 < saved < samples
-
-    process = _start(tmp_path, samples, "f.h5")
-    stdout, stderr = process.communicate(timeout=300)
-    assert process.returncode == 0, stderr
-    assert f"after {saved} committed rows" in stdout + stderr
-    _assert_same_file(tmp_path / "f.h5", reference(samples))
+    samples, out = 40, tmp_path / "f.h5"
+    cfg = compose_cfg(*RUN, f"dataset.num_samples={samples}", output=out, tiny=False)
+    # the signal comes while the run loads sample 9, in its third batch of 4
+    data = PacedImages(samples, 32, at=9, signum=signum)
+    with pytest.raises(RunStopped, match="with 12 of 40 rows saved.*run the same command "
+                                         "again to resume") as stopped:
+        run_with(cfg, dataset=data)
+    assert stopped.value.exit_code == 128 + signum
+    assert signal.getsignal(signum) is not None  # the run's handler is gone again
+    with probe.open(out, allow_partial=True) as partial:
+        assert partial.num_rows == 12 and not partial.complete
+    probe.run(cfg)
+    _assert_same_file(out, reference(samples))
 
 
 def test_sigterm_to_the_process_group_with_loader_workers(tmp_path):
     """SLURM signals every process of a job: the DataLoader's workers must leave the stop to
     the run, or the loader fails before the run can commit and say how to resume."""
-    process = _start(tmp_path, 3000, "f.h5", "num_workers=2")
-    _wait_for(tmp_path / "f.h5.partial")
-    time.sleep(1.0)
-    os.killpg(process.pid, signal.SIGTERM)
+    process = _start(tmp_path, 200, "f.h5", "num_workers=2", "+dataset.at=40",
+                     "+dataset.group=true")
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM, stderr
-    assert "stopped by SIGTERM" in stderr and "Traceback" not in stderr
+    # a stop the user asked for is reported as a stop, in one line, not as an error
+    lines = [line for line in stderr.splitlines()
+             if line.startswith(("probe: error", "probe: stopped"))]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    assert lines[0].startswith("probe: stopped by SIGTERM with ") and lines[0].endswith(
+        f"rows saved in {tmp_path}/f.h5.partial; run the same command again to resume")
 
 
-def test_a_stop_before_the_first_commit_leaves_nothing_and_says_so(make_cfg, tmp_path,
-                                                                   monkeypatch):
-    @contextlib.contextmanager
-    def sigint_at_once():
-        yield [signal.SIGINT]  # as if Ctrl-C came during the first batch
-
-    monkeypatch.setattr(probe.runner, "_stop_signals", sigint_at_once)
+def test_a_stop_before_the_first_commit_leaves_nothing_and_says_so(make_cfg, tmp_path):
     # compressed rows wait for their chunk (4 rows here), so the first batch of 2 is not saved
     cfg = make_cfg("model=resnet18", "layers=[fc]", "batch_size=2", "output.compression=lzf")
     with pytest.raises(RunStopped, match="before any rows were saved") as info:
-        probe.run(cfg)
+        probe.execute(probe.plan(cfg), stop=StopRequest(signal.SIGINT))
     assert info.value.exit_code == 130 and no_h5_files(tmp_path)
 
 
@@ -123,13 +121,18 @@ def _kill_until_done(tmp_path, samples: int, kills: int, seed: int, *extra: str)
         process = _start(tmp_path, samples, "f.h5", *extra)
         if attempt < kills:
             _wait_for(tmp_path / "f.h5.partial")
-            time.sleep(rng.uniform(0.0, 1.5))
+            assert not (tmp_path / "f.h5").exists()  # a partial file never sits at the path
+            time.sleep(rng.uniform(0.2, 1.0))
             process.kill()
         stdout, stderr = process.communicate(timeout=300)
         marker = [line for line in (stdout + stderr).splitlines() if "resuming" in line]
         resumed_at.append(int(marker[0].split("after ")[1].split()[0]) if marker else 0)
         if attempt == kills:
             assert process.returncode == 0, stderr
+        else:
+            assert not (tmp_path / "f.h5").exists()
+            with pytest.raises(OutputError, match="not finished"):
+                probe.open(tmp_path / "f.h5")
     return resumed_at
 
 
@@ -139,9 +142,9 @@ COMPRESSION = ["output.compression=none", "output.compression=lzf"]
 
 @pytest.mark.parametrize("compression", COMPRESSION)
 def test_sigkill_then_resume_gives_the_uninterrupted_file(tmp_path, reference, compression):
-    resumed_at = _kill_until_done(tmp_path, 800, 2, 0, compression)
+    resumed_at = _kill_until_done(tmp_path, 300, 1, 0, compression)
     assert max(resumed_at) > 0  # work was kept, not redone
-    _assert_same_file(tmp_path / "f.h5", reference(800))
+    _assert_same_file(tmp_path / "f.h5", reference(300))
 
 
 @pytest.mark.slow
@@ -154,19 +157,9 @@ def test_many_random_sigkills(tmp_path, reference, compression):
 
 def test_resume_with_another_config_is_refused(make_cfg, tmp_path, monkeypatch):
     cfg = make_cfg("model=resnet18", "layers=[fc]", "batch_size=2", "output.commit_every=1")
-    calls = []
-    original = probe.writer.BackgroundWriter.put
-
-    def put_then_stop(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(probe.writer.BackgroundWriter, "put", put_then_stop)
+    interrupt_after(monkeypatch, 1)
     with pytest.raises(KeyboardInterrupt):
         probe.run(cfg)
-    monkeypatch.undo()
     with pytest.raises(OutputError, match=r"differs in: layers, reduce"):
         probe.run(make_cfg("model=resnet18", "layers=[layer4]", "reduce=mean"))
     # settings that do not shape the values may change between attempts
@@ -185,14 +178,3 @@ def test_a_run_that_cannot_fit_fails_at_once(make_cfg, tmp_path, monkeypatch):
         probe.run(make_cfg("model=resnet18", "layers=[layer1]"))
     assert no_h5_files(tmp_path)
     probe.run(make_cfg("model=resnet18", "layers=[layer1]", "output.check_free_space=false"))
-
-
-def test_partial_file_never_sits_at_the_output_path(tmp_path):
-    process = _start(tmp_path, 400, "f.h5")
-    _wait_for(tmp_path / "f.h5.partial")
-    assert not (tmp_path / "f.h5").exists()
-    os.kill(process.pid, signal.SIGKILL)
-    process.communicate()
-    assert not (tmp_path / "f.h5").exists()
-    with pytest.raises(OutputError, match="not finished"):
-        probe.open(tmp_path / "f.h5")

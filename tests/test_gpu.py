@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import probe
-from tests.conftest import hook_count, load_model
+from tests.conftest import hook_count, load_model, model_overrides
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -27,7 +27,7 @@ def exact_float32():
 
 @pytest.mark.parametrize("hooks", ["[forward]", "[forward,backward,backward_input]"])
 def test_a_cuda_run_equals_the_cpu_run(make_cfg, checkpoints, tmp_path, hooks):
-    common = ["model=vgg16", f"model.weights={checkpoints['vgg16']}",
+    common = [*model_overrides("vgg16", checkpoints["vgg16"]),
               "layers=[features.0,features.28,classifier.3]", f"hooks={hooks}"]
     cpu = probe.run(make_cfg(*common, "device=cpu", output=tmp_path / "cpu.h5"))
     gpu = probe.run(make_cfg(*common, "device=cuda", output=tmp_path / "gpu.h5"))

@@ -11,10 +11,9 @@ from omegaconf import OmegaConf
 from torch import nn
 
 import probe
-import probe.runner
 from probe.data import SyntheticImages
 from probe.errors import ConfigError
-from tests.conftest import hook_count, load_model, no_h5_files
+from tests.conftest import hook_count, load_model, model_overrides, no_h5_files, run_with
 
 CASES = {
     # features.28 is followed by ReLU(inplace=True); classifier.3 by ReLU(inplace) and Dropout
@@ -58,10 +57,10 @@ def _oracle(name, checkpoint, layers, objective):
 def test_gradients_equal_autograd_on_a_model_without_inplace_ops(name, objective, make_cfg,
                                                                   checkpoints):
     layers = CASES[name]
-    cfg = make_cfg(f"model={name}", f"model.weights={checkpoints[name]}",
+    cfg = make_cfg(*model_overrides(name, checkpoints[name]),
                    f"layers=[{','.join(layers)}]", "hooks=[backward,backward_input]",
                    f"objective={objective}")
-    path = probe.run(cfg)
+    path = run_with(cfg, model=load_model(name, checkpoints[name]))  # the weights of the config
     expected = _oracle(name, checkpoints[name], layers, objective)
     with h5py.File(path, "r") as f:
         assert f.attrs["objective"] == objective
@@ -94,7 +93,7 @@ def test_features_28_gradient_is_taken_before_the_inplace_relu(checkpoints):
 
 
 def test_saliency_is_the_gradient_at_the_image(make_cfg, checkpoints):
-    cfg = make_cfg("model=resnet18", f"model.weights={checkpoints['resnet18']}",
+    cfg = make_cfg(*model_overrides("resnet18", checkpoints["resnet18"]),
                    "layers=[conv1]", "hooks=[backward_input]")
     with probe.open(probe.run(cfg)) as f:
         saliency = f["conv1/grad_input"][:]
@@ -119,50 +118,35 @@ def test_rows_do_not_depend_on_their_batch(make_cfg, tmp_path):
             np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5 * np.abs(b).max())
 
 
-@pytest.fixture
-def built(monkeypatch):
-    """The model each run builds, kept for inspection after the run."""
-    models = []
-    original = probe.runner.build
-
-    def build(cfg, device):
-        model, dataset = original(cfg, device)
-        models.append(model)
-        return model, dataset
-
-    monkeypatch.setattr(probe.runner, "build", build)
-    return models
+def _resnet18() -> nn.Module:
+    return load_model("resnet18", None)
 
 
-def test_the_model_is_left_as_found(make_cfg, built):
-    probe.run(make_cfg("model=resnet18", "layers=[layer4,fc]", "hooks=[forward,backward]"))
-    model = built[0]
+def test_the_model_is_left_as_found(make_cfg):
+    model = _resnet18()
+    run_with(make_cfg("model=resnet18", "layers=[layer4,fc]", "hooks=[forward,backward]"),
+             model=model)
     assert hook_count(model) == 0 and not model.training
     assert all(p.requires_grad and p.grad is None for p in model.parameters())
 
 
-def test_no_hooks_remain_after_a_gradient_run_that_raises(make_cfg, built):
+def test_no_hooks_remain_after_a_gradient_run_that_raises(make_cfg):
+    model = _resnet18()
     cfg = make_cfg("model=resnet18", "layers=[fc]", "hooks=[backward]",
                    "objective={_target_: tests.test_gradients.whole_batch}")
     with pytest.raises(ConfigError, match=r"one value per sample, shape \(4,\)"):
-        probe.run(cfg)
-    assert hook_count(built[0]) == 0
-    assert all(p.requires_grad for p in built[0].parameters())
+        run_with(cfg, model=model)
+    assert hook_count(model) == 0
+    assert all(p.requires_grad for p in model.parameters())
 
 
-def test_forward_only_runs_in_inference_mode(make_cfg, monkeypatch):
+def test_forward_only_runs_in_inference_mode(make_cfg):
     modes = []
-    original = probe.runner.build
-
-    def build(cfg, device):
-        model, dataset = original(cfg, device)
-        model.fc.register_forward_hook(lambda *_: modes.append(torch.is_inference_mode_enabled()))
-        return model, dataset
-
-    monkeypatch.setattr(probe.runner, "build", build)
-    probe.run(make_cfg("model=resnet18", "layers=[fc]"))
-    probe.run(make_cfg("model=resnet18", "layers=[fc]", "hooks=[backward]",
-                       "output.overwrite=true"))
+    model = _resnet18()
+    model.fc.register_forward_hook(lambda *_: modes.append(torch.is_inference_mode_enabled()))
+    run_with(make_cfg("model=resnet18", "layers=[fc]"), model=model)
+    run_with(make_cfg("model=resnet18", "layers=[fc]", "hooks=[backward]",
+                      "output.overwrite=true"), model=model)
     # each run: the one-sample size estimate (always inference mode), then two batches
     assert modes == [True, True, True] + [True, False, False]
 
@@ -177,7 +161,7 @@ def per_sample_norm(output, targets):
 
 
 def test_a_callable_objective(make_cfg, checkpoints):
-    cfg = make_cfg("model=resnet18", f"model.weights={checkpoints['resnet18']}", "layers=[fc]",
+    cfg = make_cfg(*model_overrides("resnet18", checkpoints["resnet18"]), "layers=[fc]",
                    "hooks=[backward]", "objective={_target_: tests.test_gradients.per_sample_norm}")
     with probe.open(probe.run(cfg)) as f:
         got = f["fc/grad_output"][:]

@@ -8,6 +8,7 @@ import h5py
 import pytest
 
 import probe
+import probe.merge
 from probe.errors import OutputError
 from probe.merge import merge
 from tests.conftest import assert_same_datasets, run_cli
@@ -66,6 +67,16 @@ def test_copy_is_self_contained(shards, single, tmp_path):
     _assert_equal_files(out, single)
 
 
+def test_copy_goes_a_block_at_a_time(shards, single, tmp_path, monkeypatch):
+    # blocks of 2 rows over 3 shards: every block takes rows from shards in another order
+    monkeypatch.setattr(probe.merge, "chunk_shape", lambda row, size, total, **_: (2, *row))
+    monkeypatch.setattr(probe.merge, "_COPY_BLOCK_BYTES", 1)
+    out = merge(tmp_path / "copied.h5", shards(3), copy=True)
+    with h5py.File(out, "r") as f:
+        assert f["layer4/output"].chunks[0] == 2
+    _assert_equal_files(out, single)
+
+
 def test_refusals_leave_no_output(shards, make_cfg, tmp_path):
     parts = shards(3)
     out = tmp_path / "merged.h5"
@@ -86,15 +97,22 @@ def test_refusals_leave_no_output(shards, make_cfg, tmp_path):
     assert not out.exists() and not list(tmp_path.glob("merged*"))
 
 
-def test_merge_cli(shards, tmp_path):
+def test_merge_cli(shards, tmp_path, monkeypatch, capsys):
+    from probe.commands.merge import main
+
     parts = shards(2)
-    result = run_cli("-o", "merged.h5", *map(str, parts), cwd=tmp_path, module="probe.merge")
-    assert result.returncode == 0, result.stderr
+    monkeypatch.chdir(tmp_path)
+    main(["-o", "merged.h5", *map(str, parts)])
     assert (tmp_path / "merged.h5").is_file()
-    again = run_cli("-o", "merged.h5", str(parts[0]), cwd=tmp_path, module="probe.merge")
-    assert again.returncode == 1 and again.stderr.startswith("probe: error:")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["-o", "merged.h5", str(parts[0])])
+    assert exit_info.value.code == 1
+    assert capsys.readouterr().err == ("probe: error: shard(s) [1] of 2 are missing; pass every "
+                                       "shard file\n")
 
 
+@pytest.mark.slow
 def test_a_submitit_local_multirun_merges_into_the_single_run(tmp_path, single):
     args = ["-m", "hydra/launcher=submitit_local", *RUN, "dataset.image_size=32",
             "dataset.num_samples=6", "shard.count=2", "shard.index=range(2)"]

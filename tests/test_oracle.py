@@ -11,7 +11,7 @@ from torchvision.models.feature_extraction import create_feature_extractor
 
 import probe
 from probe.data import SyntheticImages
-from tests.conftest import hook_count, load_model
+from tests.conftest import hook_count, load_model, model_overrides
 
 CASES = {
     "vgg16": ["features.0", "features.28", "features.30", "classifier.0", "classifier.6"],
@@ -34,7 +34,7 @@ def _expected(name: str, checkpoint, layers: list[str]) -> dict[str, np.ndarray]
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_run_stores_what_the_model_computed(name, make_cfg, checkpoints, tmp_path):
     layers = CASES[name]
-    cfg = make_cfg(f"model={name}", f"model.weights={checkpoints[name]}",
+    cfg = make_cfg(*model_overrides(name, checkpoints[name]),
                    f"layers=[{','.join(layers)}]")
     path = probe.run(cfg)
     expected = _expected(name, checkpoints[name], layers)

@@ -8,10 +8,9 @@ import pytest
 import torch
 
 import probe
-import probe.writer
 from probe.errors import ConfigError, DataError, DeviceError, OutputError, ProbeError
-from probe.store import partial_path
-from tests.conftest import assert_same_datasets, no_h5_files
+from probe.format import partial_path
+from tests.conftest import assert_same_datasets, interrupt_after, no_h5_files
 
 
 def test_layout_and_attrs(make_cfg):
@@ -108,19 +107,9 @@ def test_resume_after_committed_rows_equals_a_whole_run(make_cfg, tmp_path, monk
     target = tmp_path / "resumed.h5"
     cfg = make_cfg("model=resnet18", "layers=[layer4]", "batch_size=2", output=target)
 
-    calls = {"n": 0}
-    original = probe.writer.BackgroundWriter.put
-
-    def put_then_fail(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt  # as a Ctrl-C between batches would
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(probe.writer.BackgroundWriter, "put", put_then_fail)
+    interrupt_after(monkeypatch, 2)
     with pytest.raises(KeyboardInterrupt):
         probe.run(cfg)
-    monkeypatch.undo()
     with probe.open(target, allow_partial=True) as f:
         assert f.num_rows == 4 and not f.complete
     with pytest.raises(OutputError, match="not finished"):
@@ -150,6 +139,13 @@ def test_resume_after_committed_rows_equals_a_whole_run(make_cfg, tmp_path, monk
      DataError, "/nope"),
     (["model=resnet18", "layers=[fc]", "dataset=cifar10", "dataset.root=/nope"],
      DataError, "dataset.download=true"),
+    (["model=resnet18", "layers=[fc]", "output.compression=gzip", "output.compression_level=12"],
+     ConfigError, "out of range for gzip: use 0 to 9"),
+    (["model=resnet18", "layers=[fc]", "output.compression=lzf", "output.compression_level=3"],
+     ConfigError, "takes no level"),
+    (["model=resnet18", "layers=[fc]", "+batchsize=8"], ConfigError, "did you mean batch_size"),
+    (["model=resnet18", "layers=[fc]", "+output.dtyp=float16"], ConfigError,
+     "output.dtyp is not a probe config key; did you mean output.dtype"),
 ])
 def test_bad_input_is_one_clear_error_and_no_file(make_cfg, tmp_path, overrides, error,
                                                   message):

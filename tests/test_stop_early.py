@@ -9,35 +9,29 @@ import torch
 from torch import nn
 
 import probe
-import probe.runner
 from probe.errors import ConfigError
+from tests.conftest import load_model, run_with
 
 
-@pytest.fixture
-def calls(monkeypatch):
-    """How often each named module of the built model ran, over the whole run."""
+def _counted(name: str) -> tuple[nn.Module, dict[str, int]]:
+    """A seeded torchvision model, and how often each of its named modules ran."""
+    model = load_model(name, None)
     counts: dict[str, int] = {}
-    original = probe.runner.build
-
-    def build(cfg, device):
-        model, dataset = original(cfg, device)
-        for name, module in model.named_modules():
-            module.register_forward_hook(
-                lambda *_, name=name: counts.__setitem__(name, counts.get(name, 0) + 1))
-        return model, dataset
-
-    monkeypatch.setattr(probe.runner, "build", build)
-    return counts
+    for module_name, module in model.named_modules():
+        module.register_forward_hook(
+            lambda *_, n=module_name: counts.__setitem__(n, counts.get(n, 0) + 1))
+    return model, counts
 
 
-def test_layers_after_the_last_hooked_one_do_not_run(make_cfg, calls, tmp_path):
+def test_layers_after_the_last_hooked_one_do_not_run(make_cfg, tmp_path):
     # vgg16 features.29 is the in-place ReLU that rewrites features.28's output
     layers = "layers=[features.28,features.29]"
-    probe.run(make_cfg("model=vgg16", layers))
+    model, calls = _counted("vgg16")
+    run_with(make_cfg("model=vgg16", layers), model=model)
     # the one-sample dry run goes through the whole model; the two batches stop early
     assert calls["features.28"] == 3 and calls["features.30"] == 1 and calls["classifier"] == 1
-    full = probe.run(make_cfg("model=vgg16", layers, "stop_early=false",
-                              output=tmp_path / "full.h5"))
+    full = run_with(make_cfg("model=vgg16", layers, "stop_early=false",
+                             output=tmp_path / "full.h5"), model=model)
     assert calls["classifier"] == 1 + 3
     with h5py.File(tmp_path / "features.h5", "r") as early, h5py.File(full, "r") as whole:
         for key in ("features.28/output", "features.29/output"):
@@ -46,8 +40,10 @@ def test_layers_after_the_last_hooked_one_do_not_run(make_cfg, calls, tmp_path):
         assert (early["features.29/output"][:] >= 0).all()
 
 
-def test_gradient_runs_never_stop_early(make_cfg, calls):
-    probe.run(make_cfg("model=resnet18", "layers=[layer1]", "hooks=[forward,backward]"))
+def test_gradient_runs_never_stop_early(make_cfg):
+    model, calls = _counted("resnet18")
+    run_with(make_cfg("model=resnet18", "layers=[layer1]", "hooks=[forward,backward]"),
+             model=model)
     assert calls["fc"] == 1 + 2
 
 

@@ -2,6 +2,7 @@
 
     results = fit_probes("features.h5")   # [{"layer", "kind", "accuracy", "chance", ...}, ...]
     python -m probe.fit file=features.h5  # the same, plus probes.csv, probes.json, accuracy.png
+                                          # (probe.commands.fit)
 
 Each probe is a multinomial logistic regression (one linear layer and cross-entropy) on the
 flattened rows, standardised with the mean and standard deviation of the training rows. The
@@ -16,33 +17,34 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import os
 from pathlib import Path
 
-import hydra
 import numpy as np
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
-from probe.cli import exit_on_user_error
-from probe.config import CONFIG_DIR
 from probe.device import resolve_device
 from probe.errors import ConfigError, OutputError
+from probe.fit_config import FitConfig as _Defaults
+from probe.format import HOOK_OF_KIND, split_key
 from probe.read import FeatureFile, open_checked
 
-__all__ = ["fit_probes", "write_table", "format_table", "default_out_dir", "COLUMNS", "main"]
+__all__ = ["fit_probes", "write_table", "format_table", "default_out_dir", "COLUMNS"]
 
 log = logging.getLogger(__name__)
 
 COLUMNS = ("layer", "kind", "accuracy", "chance", "n_train", "n_test")
 
 
-def fit_probes(path: str | Path, keys: list[str] | None = None, *, test_fraction: float = 0.25,
-               folds: int | None = None, seed: int = 0, epochs: int = 30, batch_size: int = 256,
-               lr: float = 0.01, weight_decay: float = 1e-4,
-               device: str = "cpu") -> list[dict]:
+def fit_probes(path: str | Path, keys: list[str] | None = None, *,
+               test_fraction: float = _Defaults.test_fraction, folds: int | None = _Defaults.folds,
+               seed: int = _Defaults.seed, epochs: int = _Defaults.epochs,
+               batch_size: int = _Defaults.batch_size, lr: float = _Defaults.lr,
+               weight_decay: float = _Defaults.weight_decay,
+               device: str = _Defaults.device) -> list[dict]:
     """Fit one linear probe per stored dataset of a finished probe file and test it.
+
+    The defaults are those of ``python -m probe.fit`` (probe.fit_config.FitConfig).
 
     Args:
         path: the file a probe run wrote; it needs a ``target`` dataset.
@@ -124,10 +126,10 @@ def _select_keys(f: FeatureFile, keys: list[str] | None) -> list[str]:
 def _model_order(f: FeatureFile):
     # HDF5 lists groups alphabetically; the run's `layers` attr has them in the model's order
     layers = [str(name) for name in f.attrs.get("layers", [])]
-    kinds = ["output", "input", "grad_output", "grad_input"]
+    kinds = list(HOOK_OF_KIND)
 
     def position(key: str) -> tuple[int, int]:
-        layer, _, kind = key.rpartition("/")
+        layer, kind = split_key(key)
         return (layers.index(layer) if layer in layers else len(layers),
                 kinds.index(kind) if kind in kinds else len(kinds))
     return position
@@ -158,7 +160,7 @@ def _probe(f: FeatureFile, key: str, classes: torch.Tensor,
         correct += _count_correct(f, key, classes, test_rows, linear, mean, std, train)
         chance += int(np.unique(target[test_rows], return_counts=True)[1].max())
         n_test += len(test_rows)
-    layer, _, kind = key.rpartition("/")
+    layer, kind = split_key(key)
     return {"layer": layer, "kind": kind, "accuracy": correct / n_test, "chance": chance / n_test,
             "n_train": min(len(rows) for rows, _ in splits), "n_test": n_test}
 
@@ -252,42 +254,3 @@ def format_table(results: list[dict]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
                      for row in rows)
-
-
-@exit_on_user_error
-def _fit_command(cfg: DictConfig) -> None:
-    if cfg.file is None:
-        raise ConfigError("file is not set; pass file=PATH, the .h5 file a probe run wrote")
-    out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg.file)
-    _check_writable(out_dir)
-    results = fit_probes(cfg.file, None if cfg["keys"] is None else list(cfg["keys"]),
-                         test_fraction=cfg.test_fraction, folds=cfg.folds, seed=cfg.seed,
-                         epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
-                         weight_decay=cfg.weight_decay, device=cfg.device)
-    written = write_table(results, out_dir)
-    if cfg.plot:
-        from probe.plots import plot_accuracy
-
-        written.append(plot_accuracy(results, out_dir / "accuracy.png", title=Path(cfg.file).name))
-    print(format_table(results))
-    for path in written:
-        log.info("wrote %s", path)
-
-
-def _check_writable(out_dir: Path) -> None:
-    # fail before the fitting, without creating anything yet
-    existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise OutputError(f"cannot write to out_dir={str(out_dir)!r} ({str(existing)!r} is not "
-                          "a writable folder); choose a writable out_dir")
-
-
-def main() -> None:
-    """``python -m probe.fit file=PATH``: fit the probes, write the table and the plot."""
-    import probe.fit_config  # noqa: F401  (registers fit_schema)
-
-    hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="fit")(_fit_command)()
-
-
-if __name__ == "__main__":
-    main()

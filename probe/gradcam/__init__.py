@@ -3,6 +3,7 @@
     maps = gradcam(output, grad_output)            # (N, C, H, W) twice -> (N, H, W)
     path = write_gradcam("features.h5", "layer4")   # streams the rows into features_gradcam.h5
     python -m probe.gradcam file=features.h5 layer=layer4   # the same, plus a PNG montage
+                                                            # (probe.commands.gradcam)
 
 Grad-CAM (Selvaraju et al., 2017) weighs each channel of the activation ``A`` by the mean of
 its gradient over the spatial axes and keeps the positive part of the weighted sum:
@@ -18,20 +19,19 @@ import logging
 from pathlib import Path
 
 import h5py
-import hydra
 import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from probe.cli import exit_on_user_error
-from probe.config import CONFIG_DIR
 from probe.data import IMAGENET_MEAN, IMAGENET_STD
 from probe.errors import ConfigError, OutputError
+from probe.format import Attr, DatasetSpec, partial_path
+from probe.gradcam_config import GradcamConfig as _Defaults
 from probe.read import FeatureFile, open_checked
 from probe.rows import row_blocks
-from probe.store import Store, partial_path
+from probe.store import Store
 
-__all__ = ["gradcam", "write_gradcam", "save_montage", "default_output", "main"]
+__all__ = ["gradcam", "write_gradcam", "save_montage", "default_output"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ _IMAGENET_NORMALISED = {"probe.data.image_folder", "probe.data.cifar10"}
 
 
 def gradcam(output: np.ndarray | torch.Tensor, grad_output: np.ndarray | torch.Tensor,
-            normalize: bool = False) -> np.ndarray | torch.Tensor:
+            normalize: bool = _Defaults.normalize) -> np.ndarray | torch.Tensor:
     """Grad-CAM maps of a batch: ``ReLU(sum_c mean_hw(grad_output)[c] * output[c])``.
 
     Args:
@@ -76,8 +76,10 @@ def default_output(path: str | Path) -> Path:
     return path.with_name(f"{path.stem}_gradcam.h5")
 
 
-def write_gradcam(path: str | Path, layer: str | None = None, output: str | Path | None = None,
-                  normalize: bool = False, block_rows: int | None = None) -> Path:
+def write_gradcam(path: str | Path, layer: str | None = _Defaults.layer,
+                  output: str | Path | None = _Defaults.output,
+                  normalize: bool = _Defaults.normalize,
+                  block_rows: int | None = _Defaults.block_rows) -> Path:
     """Compute the Grad-CAM map of every row of ``path`` and store them in a new file.
 
     The rows are read in blocks of whole HDF5 chunks, so the file may be larger than memory.
@@ -158,31 +160,29 @@ def _write(f: FeatureFile, layer: str, acts: h5py.Dataset, grads: h5py.Dataset, 
            normalize: bool, block_rows: int) -> None:
     # a Store, as a run's: written as <target>.partial, renamed once complete
     index, labels = torch.from_numpy(f.index), f.target
+    key = f"{layer}/gradcam"
+    spec = DatasetSpec(tuple(acts.shape[2:]), "float32",
+                       {Attr.LAYER: layer, Attr.KIND: "gradcam", "normalize": normalize,
+                        Attr.OBJECTIVE: str(f.attrs.get(Attr.OBJECTIVE, "top1"))})
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        store = Store(target, config_yaml=str(f.attrs["config"]), num_rows=f.num_rows,
-                      has_target=labels is not None,
+        store = Store(target, config_yaml=str(f.attrs[Attr.CONFIG]), num_rows=f.num_rows,
+                      datasets={key: spec}, has_target=labels is not None,
                       attrs={"source": str(f.path.resolve()), "normalize": normalize,
-                             "layers": [layer]})
+                             Attr.LAYERS: [layer]})
     except OSError as err:
         raise OutputError(f"cannot write {str(partial_path(target))!r} ({err.strerror or err}); "
                           "choose a writable output") from None
-    attrs = {"layer": layer, "kind": "gradcam", "normalize": normalize,
-             "objective": str(f.attrs.get("objective", "top1"))}
-    try:
+    with store:
         for start, stop in row_blocks(acts, f.num_rows, block_rows):
             store.append(index[start:stop],
                          None if labels is None else torch.from_numpy(labels[start:stop]),
-                         {f"{layer}/gradcam": gradcam(acts[start:stop], grads[start:stop],
-                                                      normalize)},
-                         attrs_for=lambda key: attrs)
+                         {key: gradcam(acts[start:stop], grads[start:stop], normalize)})
         store.finish()
-    except BaseException:
-        store.close(discard_if_empty=True)
-        raise
 
 
-def save_montage(path: str | Path, num_images: int = 8, png: str | Path | None = None) -> Path:
+def save_montage(path: str | Path, num_images: int = _Defaults.num_images,
+                 png: str | Path | None = None) -> Path:
     """Draw the first ``num_images`` maps of a file ``write_gradcam`` wrote, upsampled over
     their input images, to ``png`` (default: the file's path with ``.png``).
 
@@ -217,11 +217,10 @@ def save_montage(path: str | Path, num_images: int = 8, png: str | Path | None =
 def _images(config: DictConfig, index: np.ndarray) -> np.ndarray | None:
     # (K, H, W, 3) images in [0, 1] for display, or None (with a warning) when unavailable
     try:
-        from hydra.utils import instantiate
-
+        from probe.build import build_dataset
         from probe.data import split_item
 
-        dataset = instantiate(config.dataset)
+        dataset = build_dataset(config)
         images = torch.stack([split_item(dataset[int(i)])[0] for i in index]).float()
     except Exception as err:  # any failure of the user's dataset code: draw the maps alone
         log.warning("cannot rebuild the run's dataset to draw its images (%s: %s); drawing the "
@@ -237,27 +236,3 @@ def _images(config: DictConfig, index: np.ndarray) -> np.ndarray | None:
     low = images.min(axis=(1, 2, 3), keepdims=True)
     high = images.max(axis=(1, 2, 3), keepdims=True)
     return (images - low) / np.where(high > low, high - low, 1)
-
-
-@exit_on_user_error
-def _gradcam_command(cfg: DictConfig) -> None:
-    if cfg.file is None:
-        raise ConfigError("file is not set; pass file=PATH, the .h5 file a probe run wrote with "
-                          "'hooks=[forward,backward]'")
-    if int(cfg.num_images) < 0:
-        raise ConfigError(f"num_images={cfg.num_images} must be 0 (no PNG) or more")
-    written = write_gradcam(cfg.file, cfg.layer, cfg.output, cfg.normalize, cfg.block_rows)
-    if int(cfg.num_images) > 0:
-        log.info("wrote %s", save_montage(written, int(cfg.num_images)))
-
-
-def main() -> None:
-    """``python -m probe.gradcam file=PATH layer=NAME``: store the maps, draw a montage."""
-    import probe.gradcam_config  # noqa: F401  (registers gradcam_schema)
-
-    hydra.main(version_base="1.3", config_path=str(CONFIG_DIR),
-               config_name="gradcam")(_gradcam_command)()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""Join the files of a sharded run into one: ``python -m probe.merge -o OUT SHARD...``.
+"""Join the files of a sharded run into one (``python -m probe.merge -o OUT SHARD...``).
 
 Each shard file holds the rows ``i % count == index`` of the same config. The merged file maps
 its datasets onto the shard files through HDF5 virtual datasets (no copy; keep the shard files
@@ -8,27 +8,27 @@ it has the layout and attrs of a normal file, so plain h5py and ``probe.open`` r
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import logging
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import h5py
 import numpy as np
 import yaml
-from hydra.experimental.callback import Callback
 
-from probe.cli import exit_on_user_error
-from probe.errors import OutputError, ProbeError
-from probe.store import differing_keys, partial_path
+from probe.config import differing_keys
+from probe.errors import OutputError
+from probe.format import INDEX, TARGET, Attr, partial_path, read_state
+from probe.store import chunk_shape, filter_options
 
-__all__ = ["merge", "MergeShards"]
+__all__ = ["merge", "missing_value"]
 
 log = logging.getLogger(__name__)
 
 _SHARD_KEYS = ("shard.index",)
+_COPY_BLOCK_BYTES = 64 << 20  # rows held in memory at once by a --copy merge
 
 
 def merge(out: str | Path, shards: Sequence[str | Path], *, copy: bool = False,
@@ -63,19 +63,20 @@ def _read_shard(path: Path) -> dict:
         raise OutputError(f"shard {str(path)!r} does not exist{hint}")
     try:
         with h5py.File(path, "r") as f:
-            attrs = dict(f.attrs)
+            state = read_state(f, path)
             datasets: dict[str, tuple] = {}
             f.visititems(lambda name, obj: datasets.__setitem__(name, (obj.shape, obj.dtype,
                                                                        dict(obj.attrs)))
                          if isinstance(obj, h5py.Dataset) else None)
-            index = f["index"][:]
+            index = f[INDEX][:]
     except (OSError, KeyError) as err:
         raise OutputError(f"shard {str(path)!r} is not a readable probe file ({err})") from None
-    if not attrs.get("complete", False):
+    if not state.complete:
         raise OutputError(f"shard {str(path)!r} is not complete; run its job again to finish it")
-    return {"path": path.absolute(), "attrs": attrs, "datasets": datasets, "index_rows": index,
-            "config": yaml.safe_load(str(attrs["config"])), "rows": len(index),
-            "index": int(attrs["shard_index"]), "count": int(attrs["shard_count"])}
+    return {"path": path.absolute(), "attrs": state.attrs, "datasets": datasets,
+            "index_rows": index, "config": yaml.safe_load(state.config), "rows": len(index),
+            "index": int(state.attrs[Attr.SHARD_INDEX]),
+            "count": int(state.attrs[Attr.SHARD_COUNT])}
 
 
 def _check_shards(infos: list[dict]) -> None:
@@ -113,70 +114,58 @@ def _check_shards(infos: list[dict]) -> None:
 
 
 def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool) -> None:
-    count, total = infos[0]["count"], sum(info["rows"] for info in infos)
+    total = sum(info["rows"] for info in infos)
     attrs = dict(infos[0]["attrs"])
     config = dict(infos[0]["config"])
     config["shard"] = {"index": 0, "count": 1}
-    attrs.update(config=yaml.safe_dump(config, sort_keys=False), num_samples=total,
-                 num_committed=total, complete=True, shard_index=0, shard_count=1,
-                 merged_from=np.array([str(i["path"]) for i in infos], dtype=h5py.string_dtype()))
+    attrs.update({Attr.CONFIG: yaml.safe_dump(config, sort_keys=False),
+                  Attr.NUM_SAMPLES: total, Attr.NUM_COMMITTED: total, Attr.COMPLETE: True,
+                  Attr.SHARD_INDEX: 0, Attr.SHARD_COUNT: 1,
+                  Attr.MERGED_FROM: np.array([str(i["path"]) for i in infos],
+                                             dtype=h5py.string_dtype())})
     f.attrs.update(attrs)
+    output = config.get("output") or {}
     for name, (shape, dtype, dataset_attrs) in infos[0]["datasets"].items():
         full_shape = (total, *shape[1:])
-        if name in ("index", "target") or copy:
-            values = np.empty(full_shape, dtype)
-            for info in infos:
-                with h5py.File(info["path"], "r") as shard:
-                    values[info["index"]::count] = shard[name][:]
-            dataset = f.create_dataset(name, data=values, chunks=True if values.ndim else None)
+        if name in (INDEX, TARGET) or copy:
+            compressed = name not in (INDEX, TARGET)
+            options = filter_options(output.get("compression", "none"),
+                                     output.get("compression_level")) if compressed else {}
+            dataset = f.create_dataset(
+                name, shape=full_shape, dtype=dtype, **options,
+                chunks=chunk_shape(full_shape[1:], dtype.itemsize, total,
+                                   compressed=bool(options)))
+            _copy_rows(dataset, name, infos)
         else:
             layout = h5py.VirtualLayout(shape=full_shape, dtype=dtype)
             for info in infos:
                 # relative paths, so the merged file and its shards can move together
                 source = os.path.relpath(info["path"], directory)
-                layout[info["index"]::count] = h5py.VirtualSource(
+                layout[info["index"]::len(infos)] = h5py.VirtualSource(
                     source, name, shape=(info["rows"], *shape[1:]))
-            dataset = f.create_virtual_dataset(name, layout)
+            dataset = f.create_virtual_dataset(name, layout, fillvalue=missing_value(dtype))
         dataset.attrs.update(dataset_attrs)
 
 
-class MergeShards(Callback):
-    """A Hydra callback (see conf/config.yaml): at the end of a multirun, each complete set of
-    shard files in the sweep folder is merged into ``<sweep dir>/<the jobs' folder name without
-    shard.index>.h5``, with virtual datasets. Sets that are incomplete, or already merged, are
-    left alone; a set that cannot be merged is logged and skipped, so the sweep still succeeds.
-    """
-
-    def on_multirun_end(self, config, **kwargs) -> None:
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        groups: dict[str, list[Path]] = {}
-        for shard in sorted(sweep_dir.glob("*/features.h5")):
-            name, count = re.subn(r"\+?shard\.index-\d+", "", shard.parent.name)
-            if count and "shard.count-" in name:
-                groups.setdefault(name.strip("+"), []).append(shard)
-        for name, shards in groups.items():
-            out = sweep_dir / f"{name}.h5"
-            if out.exists():
-                continue
-            try:
-                merge(out, shards)
-            except ProbeError as err:
-                log.info("not merging the shards of %s: %s", name, err)
+def missing_value(dtype: np.dtype):
+    """What a virtual dataset shows where its source file is missing: a value that cannot pass
+    for data (NaN for floats, -1 for integers), so even plain h5py shows the gap."""
+    return np.nan if np.dtype(dtype).kind == "f" else -1
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m probe.merge", description=__doc__.split(
-        "\n\n")[0])
-    parser.add_argument("-o", "--output", required=True, help="the merged file to write")
-    parser.add_argument("shards", nargs="+", help="the shard files (features.h5 of each job)")
-    parser.add_argument("--copy", action="store_true",
-                        help="write a self-contained file instead of virtual datasets")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    exit_on_user_error(lambda a: merge(a.output, a.shards, copy=a.copy,
-                                       overwrite=a.overwrite))(args)
-
-
-if __name__ == "__main__":
-    main()
+def _copy_rows(dataset: h5py.Dataset, name: str, infos: list[dict]) -> None:
+    # Row g of the merged file is row g // count of shard g % count. Copy a block of whole
+    # output chunks at a time, so memory stays bounded by the block, not the dataset.
+    count, total = len(infos), dataset.shape[0]
+    row_bytes = max(1, dataset.dtype.itemsize * int(np.prod(dataset.shape[1:])))
+    rows = dataset.chunks[0] * max(1, _COPY_BLOCK_BYTES // (row_bytes * dataset.chunks[0]))
+    with contextlib.ExitStack() as stack:
+        shards = [stack.enter_context(h5py.File(info["path"], "r"))[name] for info in infos]
+        for start in range(0, total, rows):
+            stop = min(start + rows, total)
+            block = np.empty((stop - start, *dataset.shape[1:]), dataset.dtype)
+            for k, source in enumerate(shards):
+                first = (start - k + count - 1) // count  # the shard's first row in the block
+                last = (stop - k + count - 1) // count
+                block[first * count + k - start::count] = source[first:last]
+            dataset[start:stop] = block

@@ -119,8 +119,3 @@ def describe_layers(model: nn.Module, sample: torch.Tensor) -> list[LayerInfo]:
     return [LayerInfo(name, type(module).__name__, shapes.get(name), calls.get(name, 0))
             for name, module in modules]
 
-
-if __name__ == "__main__":
-    from probe.cli import list_layers_main
-
-    list_layers_main()

@@ -1,0 +1,56 @@
+"""The model and the dataset a config names, through ``hydra.utils.instantiate``.
+
+A config's ``model`` and ``dataset`` nodes each name a ``_target_``; a ProbeError raised while
+building (an unknown model name, a missing folder) reaches the user as it is, anything else
+becomes a ConfigError that names the node.
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from torch.utils.data import Dataset
+
+from probe.errors import ConfigError, ProbeError
+
+__all__ = ["build_model", "build_dataset"]
+
+
+def build_model(cfg: DictConfig) -> nn.Module:
+    """The config's model in eval mode, on the CPU, its random init seeded by ``cfg.seed``.
+
+    Raises:
+        ConfigError: a model config that cannot be built, or that builds no nn.Module.
+    """
+    torch.manual_seed(int(cfg.seed))
+    model = _instantiate(cfg.model, "model")
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model: {cfg.model._target_} returned {type(model).__name__}, "
+                          "not a torch.nn.Module")
+    return model.eval()
+
+
+def build_dataset(cfg: DictConfig) -> Dataset:
+    """The config's dataset.
+
+    Raises:
+        ConfigError: a dataset config that cannot be built.
+    """
+    return _instantiate(cfg.dataset, "dataset")
+
+
+def _instantiate(node: DictConfig, what: str):
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    missing = [k for k in node if OmegaConf.is_missing(node, k)]
+    if missing:
+        raise ConfigError(f"{what}.{missing[0]} is not set: add {what}.{missing[0]}=<value>")
+    try:
+        return instantiate(node)
+    except InstantiationException as err:
+        cause = err.__cause__
+        if isinstance(cause, ProbeError):
+            raise cause from None
+        raise ConfigError(f"cannot build the {what} from its config: {err}") from None

@@ -1,0 +1,90 @@
+"""The commands layer: Hydra entry points, argparse, printing and exit codes.
+
+    python -m probe            probe.commands.run       the pipeline
+    python -m probe.layers     probe.commands.layers    the modules of a model, with sizes
+    python -m probe.merge      probe.commands.merge     join shard files (and the sweep callback)
+    python -m probe.fit        probe.commands.fit       linear probes on a file
+    python -m probe.gradcam    probe.commands.gradcam   Grad-CAM maps of a file
+
+Everything here calls the library below it (probe.runner, probe.merge, probe.fit, ...); nothing
+in the library imports this package. A user error (a ProbeError) is printed as one line and
+exits with status 1; a run stopped by a signal says so and exits with 128 + the signal.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import re
+import sys
+from collections.abc import Callable
+
+from omegaconf import OmegaConf
+
+from probe.config import CONFIG_DIR
+from probe.errors import ProbeError, RunStopped
+
+__all__ = ["exit_on_user_error", "hydra_command", "run_folder_name"]
+
+log = logging.getLogger("probe")
+
+
+def exit_on_user_error(task: Callable) -> Callable:
+    """Wrap a command so that a ProbeError prints one line and exits non-zero (1, or a stopped
+    run's 128 + signal), not a traceback. The line also goes to the log (a run's probe.log)."""
+
+    @functools.wraps(task)
+    def wrapped(*args, **kwargs):
+        try:
+            return task(*args, **kwargs)
+        except RunStopped as stopped:
+            log.warning("%s", stopped)
+            print(f"probe: {stopped}", file=sys.stderr)
+            sys.exit(stopped.exit_code)
+        except ProbeError as err:
+            log.error("%s", err)
+            print(f"probe: error: {err}", file=sys.stderr)
+            sys.exit(1)
+    return wrapped
+
+
+def hydra_command(config_name: str) -> Callable[[Callable], Callable[[], None]]:
+    """``hydra.main`` on probe's config folder with ``config_name``, for a task that is
+    already wrapped by ``exit_on_user_error``."""
+    import hydra
+
+    return hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=config_name)
+
+
+# Characters a run folder's name keeps as they are: none of them is syntax to a shell or to
+# Hydra's override parser, so the path can be typed back unquoted.
+_PLAIN = r"[A-Za-z0-9._]+"
+# Overrides that the readable name can be decoded back into: Hydra joins them as k=v,k=v; a
+# value is plain, or a bracketed list under the keys whose schema type is a list (so `[x]`
+# and `x` never both compose for one key, and dropping the brackets loses nothing).
+_ITEM = rf"(?:(?:layers|hooks)=\[(?:{_PLAIN}(?:,{_PLAIN})*)?\]|{_PLAIN}={_PLAIN})"
+_READABLE = re.compile(rf"{_ITEM}(?:,{_ITEM})*")
+
+
+def run_folder_name(overrides: str) -> str:
+    """A folder name for a run from Hydra's ``override_dirname``, one-to-one and made of
+    characters that neither a shell nor Hydra treat as syntax:
+    ``layers=[features.28],model=vgg16`` -> ``layers-features.28+model-vgg16``.
+
+    ``=`` becomes ``-``, ``,`` becomes ``+`` and the brackets of ``layers`` and ``hooks`` go;
+    this can be undone as long as the overrides hold only letters, digits, ``.`` and ``_``
+    (no readable name holds ``--``). Otherwise the other characters
+    become ``_`` and ``--`` plus 8 hex digits of the overrides' hash follow, so that two
+    commands never share a folder (``layers=[a.1?]`` and ``layers=[a.1*]`` differ).
+    """
+    if not overrides:
+        return "default"
+    name = overrides.replace("=", "-").replace(",", "+").replace("[", "").replace("]", "")
+    if _READABLE.fullmatch(overrides):
+        return name
+    digest = hashlib.sha256(overrides.encode()).hexdigest()[:8]
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", name).replace("--", "-_") + f"--{digest}"
+
+
+OmegaConf.register_new_resolver("probe_run_folder", run_folder_name, replace=True)

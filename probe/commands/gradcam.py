@@ -1,0 +1,36 @@
+"""``python -m probe.gradcam file=PATH layer=NAME``: Grad-CAM maps of a conv layer (probe.gradcam)
+into a new file, and a PNG montage of the first few."""
+
+from __future__ import annotations
+
+import logging
+
+from omegaconf import DictConfig
+
+from probe.commands import exit_on_user_error, hydra_command
+from probe.errors import ConfigError
+
+__all__ = ["main"]
+
+log = logging.getLogger(__name__)
+
+
+@exit_on_user_error
+def _gradcam(cfg: DictConfig) -> None:
+    from probe.gradcam import save_montage, write_gradcam
+
+    if cfg.file is None:
+        raise ConfigError("file is not set; pass file=PATH, the .h5 file a probe run wrote with "
+                          "'hooks=[forward,backward]'")
+    if int(cfg.num_images) < 0:
+        raise ConfigError(f"num_images={cfg.num_images} must be 0 (no PNG) or more")
+    written = write_gradcam(cfg.file, cfg.layer, cfg.output, cfg.normalize, cfg.block_rows)
+    if int(cfg.num_images) > 0:
+        log.info("wrote %s", save_montage(written, int(cfg.num_images)))
+
+
+def main() -> None:
+    """``python -m probe.gradcam file=PATH layer=NAME``: store the maps, draw a montage."""
+    import probe.gradcam_config  # noqa: F401  (registers gradcam_schema)
+
+    hydra_command("gradcam")(_gradcam)()

@@ -1,0 +1,79 @@
+"""``python -m probe.merge -o OUT SHARD...``, and the Hydra callback that merges the shards of a
+multirun by itself when the sweep ends."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+from hydra.experimental.callback import Callback
+
+from probe.commands import exit_on_user_error, run_folder_name
+from probe.errors import ProbeError
+
+__all__ = ["main", "MergeShards"]
+
+log = logging.getLogger(__name__)
+
+
+class MergeShards(Callback):
+    """At the end of a multirun, each complete set of shard files in the sweep folder is merged
+    into ``<sweep dir>/<the jobs' folder name without shard.index>.h5``, with virtual datasets.
+    Sets that are incomplete, or already merged, are left alone; a set that cannot be merged is
+    logged and skipped, so the sweep still succeeds.
+    """
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        from probe.merge import merge
+
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        exclude = [str(k) for k in config.hydra.job.config.override_dirname.exclude_keys]
+        groups: dict[str, list[Path]] = {}
+        for shard in sorted(sweep_dir.glob("*/features.h5")):
+            name = _name_without_shard_index(shard.parent, exclude)
+            if name is not None:
+                groups.setdefault(name, []).append(shard)
+        for name, shards in groups.items():
+            out = sweep_dir / f"{name}.h5"
+            if out.exists():
+                continue
+            try:
+                merge(out, shards)
+            except ProbeError as err:
+                log.info("not merging the shards of %s: %s", name, err)
+
+
+def _name_without_shard_index(job_dir: Path, exclude: list[str]) -> str | None:
+    # the job's run folder name as Hydra made it, from the job's overrides without shard.index;
+    # None for a job that is not one shard of several
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.utils import get_overrides_dirname
+
+    overrides_file = job_dir / ".hydra" / "overrides.yaml"
+    if not overrides_file.is_file():
+        return None
+    parsed = OverridesParser.create().parse_overrides(
+        [str(o) for o in yaml.safe_load(overrides_file.read_text()) or []])
+    if not {"shard.index", "shard.count"} <= {o.key_or_group for o in parsed}:
+        return None
+    return run_folder_name(get_overrides_dirname(parsed, [*exclude, "shard.index"],
+                                                 item_sep=",", kv_sep="="))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from probe.merge import __doc__ as doc
+    from probe.merge import merge
+
+    parser = argparse.ArgumentParser(prog="python -m probe.merge", description=doc.split(
+        "\n\n")[0])
+    parser.add_argument("-o", "--output", required=True, help="the merged file to write")
+    parser.add_argument("shards", nargs="+", help="the shard files (features.h5 of each job)")
+    parser.add_argument("--copy", action="store_true",
+                        help="write a self-contained file instead of virtual datasets")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    exit_on_user_error(merge)(args.output, args.shards, copy=args.copy, overwrite=args.overwrite)

@@ -1,0 +1,144 @@
+"""The file format, in one place: dataset names, attribute names, and the rules that make a file
+complete, partial, or the run of a given config. The store writes by it; the reader, merge, fit
+and gradcam read by it. A reader without this package needs only the layout in DESIGN.md:
+
+    /                 attrs: config (resolved YAML), probe_version, torch_version, created,
+                             complete, num_samples, num_committed, layers, hooks, shard_*, ...
+    /index (N,)       int64 dataset index of each row
+    /target (N,)      int64 the dataset's target, where it has one
+    /<layer>/<kind>   (N, *S) attrs: layer, hook, kind, reduce, dtype
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+__all__ = [
+    "INDEX", "TARGET", "Hook", "HOOK_OF_KIND", "Attr", "DatasetSpec", "FileState",
+    "dataset_key", "split_key", "partial_path", "read_state",
+]
+
+INDEX = "index"
+TARGET = "target"
+
+
+class Hook(str, Enum):
+    """What a hook captures (the member's name, as the config says it) and the kind of dataset
+    it writes under ``<layer>/`` (the member's value)."""
+
+    forward = "output"
+    forward_pre = "input"
+    backward = "grad_output"
+    backward_input = "grad_input"
+
+    @property
+    def kind(self) -> str:
+        return self.value
+
+    @property
+    def needs_grad(self) -> bool:
+        return self in (Hook.backward, Hook.backward_input)
+
+
+HOOK_OF_KIND = {hook.kind: hook for hook in Hook}
+
+
+class Attr:
+    """Attribute names of the root group and of each layer dataset."""
+
+    # root
+    CONFIG = "config"
+    COMPLETE = "complete"
+    NUM_SAMPLES = "num_samples"
+    NUM_COMMITTED = "num_committed"
+    LAYERS = "layers"
+    HOOKS = "hooks"
+    OBJECTIVE = "objective"
+    SHARD_INDEX = "shard_index"
+    SHARD_COUNT = "shard_count"
+    MERGED_FROM = "merged_from"
+    DATA_FINGERPRINT = "data_fingerprint"
+    MODEL_FINGERPRINT = "model_fingerprint"
+    # each "<layer>/<kind>" dataset
+    LAYER = "layer"
+    HOOK = "hook"
+    KIND = "kind"
+    REDUCE = "reduce"
+    DTYPE = "dtype"
+    TUPLE_POSITION = "tuple_position"
+
+
+def dataset_key(layer: str, kind: str) -> str:
+    """The dataset that holds ``kind`` of ``layer``: ``"<layer>/<kind>"``."""
+    return f"{layer}/{kind}"
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``"<layer>/<kind>"`` as (layer, kind); layer names may hold dots but never a slash."""
+    layer, _, kind = key.rpartition("/")
+    return layer, kind
+
+
+def partial_path(path: str | Path) -> Path:
+    """Where a run keeps its file until it is complete: ``<path>.partial``."""
+    path = Path(path)
+    return path.with_name(path.name + ".partial")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A dataset the store creates before the first row: the shape and type of one row, and
+    the attrs that say what it holds."""
+
+    row_shape: tuple[int, ...]
+    dtype: str
+    attrs: dict = field(default_factory=dict)
+    compressible: bool = True  # index and target stay unfiltered, like the rows' bookkeeping
+
+    @property
+    def row_bytes(self) -> int:
+        return np.dtype(self.dtype).itemsize * math.prod(self.row_shape)
+
+
+@dataclass(frozen=True)
+class FileState:
+    """What the root attrs of a probe file say about its run."""
+
+    path: Path
+    config: str
+    complete: bool
+    num_samples: int
+    num_committed: int
+    attrs: dict
+
+    @property
+    def readable_rows(self) -> int:
+        """Rows a reader may use: all of them once complete, else the committed ones."""
+        return self.num_samples if self.complete else self.num_committed
+
+    def progress(self) -> str:
+        return f"{self.num_committed} of {self.num_samples} rows"
+
+
+def read_state(f: h5py.File, path: str | Path | None = None) -> FileState:
+    """The state of an open probe file.
+
+    Raises:
+        KeyError: the file lacks the attrs every probe file has (it is not one).
+    """
+    attrs = dict(f.attrs)
+    if Attr.CONFIG not in attrs or Attr.NUM_SAMPLES not in attrs:
+        missing = Attr.CONFIG if Attr.CONFIG not in attrs else Attr.NUM_SAMPLES
+        raise KeyError(f"it has no {missing!r} attribute")
+    return FileState(path=Path(path if path is not None else f.filename),
+                     config=str(attrs[Attr.CONFIG]),
+                     complete=bool(attrs.get(Attr.COMPLETE, False)),
+                     num_samples=int(attrs[Attr.NUM_SAMPLES]),
+                     num_committed=int(attrs.get(Attr.NUM_COMMITTED, 0)),
+                     attrs=attrs)

@@ -1,0 +1,49 @@
+"""Test models and datasets light enough to import in a CLI subprocess (no pytest, no
+torchvision): ``model=custom model._target_=tests.tiny.TinyNet``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from torch import nn
+
+from probe.data import SyntheticImages
+
+
+class TinyNet(nn.Module):
+    """A small image classifier: two conv blocks (each conv followed by an in-place ReLU, as in
+    vgg), global pooling and a linear head."""
+
+    def __init__(self, width: int = 8, num_classes: int = 10):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, width, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(inplace=True))
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(2 * width, num_classes)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.features(x)).flatten(1))
+
+
+class PacedImages(SyntheticImages):
+    """Synthetic images that take ``delay`` seconds each to load, and send ``signum`` when
+    item ``at`` is loaded: a run of a known length, stopped at a known moment. The signal goes
+    to this process, or with ``group`` to its whole process group, as SLURM signals every
+    process of a job (only in a process started with a session of its own)."""
+
+    def __init__(self, *args, delay: float = 0.0, at: int | None = None,
+                 signum: int = signal.SIGTERM, group: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.delay, self.at, self.signum, self.group = float(delay), at, int(signum), group
+
+    def __getitem__(self, index: int):
+        if index == self.at:
+            if self.group:
+                os.killpg(os.getpgrp(), self.signum)
+            else:
+                os.kill(os.getpid(), self.signum)
+        time.sleep(self.delay)
+        return super().__getitem__(index)
