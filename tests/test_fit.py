@@ -115,6 +115,23 @@ def test_cli_writes_table_and_json_and_never_imports_matplotlib(features, tmp_pa
     assert sorted(p.name for p in (tmp_path / "fit").iterdir()) == ["probes.csv", "probes.json"]
 
 
+def test_adam_takes_the_steps_of_torch_optim_adam():
+    from probe.fit import Adam
+
+    start = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+    ours, theirs = start.clone().requires_grad_(True), start.clone().requires_grad_(True)
+    mine = Adam([ours], lr=0.01, weight_decay=1e-4)
+    reference = torch.optim.Adam([theirs], lr=0.01, weight_decay=1e-4)
+    for step in range(20):
+        x = torch.randn(8, 5, generator=torch.Generator().manual_seed(step))
+        mine.step(torch.autograd.grad((x @ ours).square().mean(), [ours]))
+        reference.zero_grad()
+        (x @ theirs).square().mean().backward()
+        reference.step()
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+    assert (ours - start).abs().min() > 0.05  # 20 steps of 0.01 moved every weight
+
+
 def test_accuracy_plot_is_a_png(features, tmp_path):
     results = fit_probes(features, epochs=5)
     png = plot_accuracy(results, tmp_path / "plots" / "accuracy.png", title="resnet18")

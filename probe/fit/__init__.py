@@ -26,7 +26,7 @@ from torch import nn
 from probe.device import resolve_device
 from probe.errors import ConfigError, OutputError
 from probe.fit_config import FitConfig as _Defaults
-from probe.format import HOOK_OF_KIND, split_key
+from probe.format import HOOK_OF_KIND, Attr, split_key
 from probe.read import FeatureFile, open_checked
 
 __all__ = ["fit_probes", "write_table", "format_table", "default_out_dir", "COLUMNS"]
@@ -83,6 +83,7 @@ def fit_probes(path: str | Path, keys: list[str] | None = None, *,
             raise ConfigError(f"every row of {str(f.path)!r} has target {classes[0]}; a probe "
                               "needs at least two classes")
         selected = _select_keys(f, keys)
+        _warn_about_label_gradients(f, selected)
         splits = _splits(f.num_rows, test_fraction, folds, seed)
         train = dict(epochs=int(epochs), batch_size=int(batch_size), lr=float(lr),
                      weight_decay=float(weight_decay), seed=int(seed), device=torch_device)
@@ -92,6 +93,18 @@ def fit_probes(path: str | Path, keys: list[str] | None = None, *,
             log.info("%s: accuracy %.3f (chance %.3f) on %d test rows", key,
                      results[-1]["accuracy"], results[-1]["chance"], results[-1]["n_test"])
     return results
+
+
+def _warn_about_label_gradients(f: FeatureFile, keys: list[str]) -> None:
+    # d logit[target] / d activation is computed from the label: a probe reads it back
+    if str(f.attrs.get(Attr.OBJECTIVE, "")) != "target":
+        return
+    grads = [key for key in keys if split_key(key)[1].startswith("grad_")]
+    if grads:
+        log.warning("%s hold gradients of objective=target, which are computed from the label "
+                    "itself: a probe on them can score near 1.0 by construction, whatever the "
+                    "layer encodes; probe the outputs, or gradients of objective=top1",
+                    ", ".join(grads))
 
 
 def _check_options(test_fraction, folds, epochs, batch_size, lr, weight_decay) -> None:
@@ -110,9 +123,9 @@ def _check_options(test_fraction, folds, epochs, batch_size, lr, weight_decay) -
 
 def _select_keys(f: FeatureFile, keys: list[str] | None) -> list[str]:
     if keys is None:
-        if not f.keys:
+        if not f.features:
             raise ConfigError(f"{str(f.path)!r} holds no layer datasets; run probe with layers")
-        return sorted(f.keys, key=_model_order(f))
+        return sorted(f.features, key=_model_order(f))
     selected: list[str] = []
     for key in map(str, [keys] if isinstance(keys, str) else keys):
         if "/" not in key and f.kinds(key):
@@ -175,17 +188,40 @@ def _train(f: FeatureFile, key: str, classes: torch.Tensor, rows: np.ndarray, *,
     linear = nn.utils.skip_init(nn.Linear, mean.numel(), len(classes), device=device)
     nn.init.zeros_(linear.weight)
     nn.init.zeros_(linear.bias)
-    optimizer = torch.optim.Adam(linear.parameters(), lr=lr, weight_decay=weight_decay)
+    optimizer = Adam(list(linear.parameters()), lr=lr, weight_decay=weight_decay)
     loader = f.loader(key, batch_size=batch_size, shuffle=True, seed=seed, rows=rows)
     classes = classes.to(device)
     for _ in range(epochs):
         for x, y in loader:
             logits = linear(_standardise(x, mean, std, device))
             loss = nn.functional.cross_entropy(logits, torch.searchsorted(classes, y.to(device)))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            optimizer.step(torch.autograd.grad(loss, optimizer.params))
     return linear, mean, std
+
+
+class Adam:
+    """The update of ``torch.optim.Adam`` (L2 ``weight_decay`` added to the gradient, no
+    amsgrad), written out: constructing any torch optimizer imports torch._dynamo, which
+    costs more seconds than fitting a probe takes. ``tests/test_fit.py`` holds it equal to
+    torch's."""
+
+    def __init__(self, params: list[torch.Tensor], lr: float, weight_decay: float = 0.0,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        self.params, self.lr, self.weight_decay = params, lr, weight_decay
+        self.betas, self.eps, self.steps = betas, eps, 0
+        self.moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
+
+    @torch.no_grad()
+    def step(self, grads: tuple[torch.Tensor, ...]) -> None:
+        self.steps += 1
+        beta1, beta2 = self.betas
+        correction1, correction2 = 1 - beta1 ** self.steps, 1 - beta2 ** self.steps
+        for param, grad, (mean, square) in zip(self.params, grads, self.moments, strict=True):
+            grad = grad.add(param, alpha=self.weight_decay) if self.weight_decay else grad
+            mean.lerp_(grad, 1 - beta1)
+            square.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denominator = (square.sqrt() / correction2 ** 0.5).add_(self.eps)
+            param.addcdiv_(mean, denominator, value=-self.lr / correction1)
 
 
 @torch.no_grad()
