@@ -8,7 +8,7 @@ of one dataset in batches, streamed a few HDF5 chunks at a time (see probe.rows)
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,8 +69,17 @@ def open_checked(path: str | Path) -> FeatureFile:
     return FeatureFile(path, label="file=", fix="run the same probe command again to finish it")
 
 
-class FeatureFile:
-    """A probe HDF5 file: its datasets by "<layer>/<kind>", row index, targets and config."""
+class FeatureFile(Mapping):
+    """A probe HDF5 file, read-only: a mapping from dataset names (``"index"``, ``"target"``,
+    ``"<layer>/<kind>"``) to h5py datasets, plus the row index, targets and config.
+
+    Example::
+
+        with probe.open(path) as f:
+            "index" in f, len(f), list(f)      # every dataset, as a mapping has them
+            f.features                         # only the "<layer>/<kind>" ones
+            x = f["layer4/output"][:64]        # h5py reads lazily
+    """
 
     def __init__(self, path: str | Path, *, allow_partial: bool = False, label: str = "",
                  fix: str = "run the same command again to finish it, or pass "
@@ -92,12 +101,23 @@ class FeatureFile:
         except (OSError, KeyError) as err:
             if hasattr(self, "_file"):
                 self._file.close()
-            raise DataError(f"{label}{str(path)!r} is not a probe file ({err}); pass the .h5 "
+            reason = err.args[0] if isinstance(err, KeyError) and err.args else err
+            raise DataError(f"{label}{str(path)!r} is not a probe file ({reason}); pass the .h5 "
                             "file a probe run wrote") from None
         self.complete = state.complete
         if not self.complete and not allow_partial:
             self._file.close()
             raise OutputError(f"{label}{str(path)!r} is not complete ({state.progress()}); {fix}")
+        missing = _missing_sources(self._file, path)
+        if missing:
+            self._file.close()
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise DataError(
+                f"{label}{str(path)!r} is a merged file whose rows live in shard files that are "
+                f"not there: {missing[0]!r}{more}, looked for beside it in {str(path.parent)!r}; "
+                "move the shard files along with it (keep the folder tree that merge made), or "
+                "write a self-contained file with python -m probe.merge --copy -o OUT SHARD..."
+            )
         self.num_rows = state.readable_rows
 
     def __enter__(self) -> FeatureFile:
@@ -109,9 +129,19 @@ class FeatureFile:
     def close(self) -> None:
         self._file.close()
 
+    def __iter__(self) -> Iterator[str]:
+        names: list[str] = []
+        self._file.visititems(lambda name, obj: names.append(name)
+                              if isinstance(obj, h5py.Dataset) else None)
+        return iter(names)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
     @property
-    def keys(self) -> list[str]:
-        """Every stored "<layer>/<kind>", in file order."""
+    def features(self) -> list[str]:
+        """Every stored "<layer>/<kind>", in file order (the mapping's keys less the index,
+        targets and other bookkeeping)."""
         return [dataset_key(layer, kind) for layer in self.layers for kind in self._file[layer]]
 
     @property
@@ -129,7 +159,7 @@ class FeatureFile:
         Raises:
             ConfigError: the file does not hold ``key``.
         """
-        if key in self.keys:
+        if key in self.features:
             return self[key]
         layer, kind = split_key(key)
         hooks = [str(h) for h in self._file.attrs.get(Attr.HOOKS, [])]
@@ -143,7 +173,8 @@ class FeatureFile:
         else:
             fix = ("name it as <layer>/<kind>, where kind is output, input, grad_output or "
                    "grad_input")
-        raise ConfigError(f"{key!r} is not in {str(self.path)!r}, which holds {self.keys}; {fix}")
+        raise ConfigError(
+            f"{key!r} is not in {str(self.path)!r}, which holds {self.features}; {fix}")
 
     def loader(self, key: str, batch_size: int = 256, shuffle: bool = False, seed: int = 0,
                rows: Sequence[int] | np.ndarray | None = None) -> RowLoader:
@@ -175,7 +206,7 @@ class FeatureFile:
         """The h5py dataset (lazy: slice it to read); of a partial file, only the first
         ``num_rows`` rows are committed."""
         if key not in self._file or not isinstance(self._file[key], h5py.Dataset):
-            raise KeyError(f"{key!r} is not in {self.path}; it holds {self.keys}")
+            raise KeyError(f"{key!r} is not in {self.path}; it holds {list(self)}")
         return self._file[key]
 
     @property
@@ -197,7 +228,22 @@ class FeatureFile:
 
     def __repr__(self) -> str:
         state = "complete" if self.complete else "partial"
-        return f"FeatureFile({str(self.path)!r}, {self.num_rows} rows, {state}, {self.keys})"
+        return f"FeatureFile({str(self.path)!r}, {self.num_rows} rows, {state}, {self.features})"
+
+
+def _missing_sources(f: h5py.File, path: Path) -> list[str]:
+    """The source files of the file's virtual datasets (a merged file's shards) that are not
+    where HDF5 looks for them: beside the file, for the relative paths merge writes."""
+    missing: dict[str, None] = {}
+    datasets: list[h5py.Dataset] = []
+    f.visititems(lambda _, obj: datasets.append(obj) if isinstance(obj, h5py.Dataset) else None)
+    for dataset in datasets:
+        if dataset.is_virtual:
+            for source in dataset.virtual_sources():
+                name = source.file_name
+                if name != "." and not (path.parent / name).is_file():
+                    missing[name] = None
+    return list(missing)
 
 
 def _register_extra_filters() -> None:

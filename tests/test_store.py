@@ -47,7 +47,11 @@ def test_differing_keys_ignore_settings_that_do_not_shape_values():
 def test_open_reads_a_finished_file(make_cfg):
     path = probe.run(make_cfg("model=resnet18", "layers=[layer4,fc]"))
     with probe.open(path) as f:
-        assert f.keys == ["fc/output", "layer4/output"] and f.num_rows == 6
+        assert f.features == ["fc/output", "layer4/output"] and f.num_rows == 6
+        # a mapping of every dataset, as it looks
+        assert "index" in f and "nope" not in f and len(f) == 4
+        assert sorted(f.keys()) == ["fc/output", "index", "layer4/output", "target"]
+        assert dict(f.items())["index"].shape == (6,)
         assert f["fc/output"][:2].shape == (2, 1000)
         assert f.config.model.name == "resnet18" and f.target.shape == (6,)
         with pytest.raises(KeyError, match="fc/output"):
