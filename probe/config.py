@@ -28,6 +28,7 @@ __all__ = [
     "Reduce",
     "Dtype",
     "Compression",
+    "Subset",
     "ProbeConfig",
     "NEUTRAL_KEYS",
     "differing_keys",
@@ -58,6 +59,13 @@ class Reduce(str, Enum):
 class Dtype(str, Enum):
     float32 = "float32"
     float16 = "float16"
+
+
+class Subset(str, Enum):
+    """Which samples ``limit`` takes."""
+
+    first = "first"
+    random = "random"
 
 
 class Compression(str, Enum):
@@ -120,9 +128,12 @@ class ProbeConfig:
     device: str = "auto"
     batch_size: int = 16
     num_workers: int = 0
-    # take only the first `limit` samples of the dataset; null means all
+    # take only `limit` samples of the dataset; null means all
     limit: int | None = None
-    # seeds the random init of models without weights, and the synthetic dataset
+    # which `limit` samples: the first ones, or a random choice (seeded by `seed`; rows stay in
+    # dataset order). `random` suits a folder sorted by class, whose first samples are one class
+    subset: Subset = Subset.first
+    # seeds the random init of models without weights, the synthetic dataset and subset=random
     seed: int = 0
     shard: ShardConfig = field(default_factory=ShardConfig)
     output: OutputConfig = field(default_factory=OutputConfig)

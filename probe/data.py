@@ -129,9 +129,9 @@ def cifar10(root: str, train: bool = False, download: bool = False, image_size: 
 
 
 def select_indices(size: int, limit: int | None = None, shard_index: int = 0,
-                   shard_count: int = 1) -> list[int]:
-    """The dataset indices one job writes, in order: the first ``limit``, then every
-    ``shard_count``-th starting at ``shard_index``.
+                   shard_count: int = 1, subset: str = "first", seed: int = 0) -> list[int]:
+    """The dataset indices one job writes, in order: ``limit`` of them (the first, or a random
+    choice seeded by ``seed``), then every ``shard_count``-th starting at ``shard_index``.
 
     Raises:
         ConfigError: a bad limit or shard.
@@ -143,8 +143,14 @@ def select_indices(size: int, limit: int | None = None, shard_index: int = 0,
             f"shard.index={shard_index}, shard.count={shard_count}: need count >= 1 and "
             "0 <= index < count"
         )
-    end = size if limit is None else min(size, limit)
-    indices = list(range(shard_index, end, shard_count))
+    chosen = list(range(size))
+    if limit is not None and limit < size:
+        if str(subset) == "random":
+            order = torch.randperm(size, generator=torch.Generator().manual_seed(int(seed)))
+            chosen = sorted(order[:limit].tolist())
+        else:
+            chosen = chosen[:limit]
+    indices = chosen[shard_index::shard_count]
     if not indices:
         raise ConfigError(
             f"this job has no samples: the dataset has {size}, limit={limit}, "

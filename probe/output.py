@@ -2,14 +2,18 @@
 
 ``output_path`` resolves ``output.path``; ``existing_run`` reads the state of a file (finished or
 partial) at that path and refuses one of another config; ``check_free_space`` refuses a run that
-cannot fit on the disk. All of it happens before any compute.
+cannot fit on the disk. All of it happens before any compute. ``WriterLock`` keeps a second
+process from writing (or replacing) a file while one writes it.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import logging
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import h5py
@@ -19,8 +23,10 @@ from omegaconf import DictConfig
 from probe.config import differing_keys
 from probe.errors import ConfigError, OutputError
 from probe.format import FileState, partial_path, read_state
+from probe.units import human_bytes
 
-__all__ = ["output_path", "file_locking", "check_writable", "existing_run", "check_free_space"]
+__all__ = ["output_path", "file_locking", "check_writable", "existing_run", "check_free_space",
+           "WriterLock"]
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +107,9 @@ def _read(path: Path, locking: bool | str | None) -> FileState:
         with h5py.File(path, "r", locking=locking) as f:
             return read_state(f, path)
     except (OSError, KeyError) as err:
+        reason = err.args[0] if isinstance(err, KeyError) and err.args else err
         raise OutputError(
-            f"{str(path)!r} exists but is not a readable probe file ({err}); choose another "
+            f"{str(path)!r} exists but is not a readable probe file ({reason}); choose another "
             "output.path or set output.overwrite=true to replace it"
         ) from None
 
@@ -114,7 +121,7 @@ def check_free_space(directory: Path, needed: int) -> None:
         OutputError: with both numbers, and how to skip the check.
     """
     free = shutil.disk_usage(directory).free
-    log.info("estimated size %.1f MiB; %.1f MiB free in %s", needed / 2**20, free / 2**20,
+    log.info("estimated size %s; %s free in %s", human_bytes(needed), human_bytes(free),
              directory)
     if needed > free:
         raise OutputError(
@@ -122,3 +129,87 @@ def check_free_space(directory: Path, needed: int) -> None:
             f"{free / 2**30:.2f} GiB free; free space, choose another output.path, use "
             "reduce=mean or output.dtype=float16, or set output.check_free_space=false"
         )
+
+
+class WriterLock:
+    """An exclusive lock on ``<path>.lock`` for as long as one process writes ``path``; the
+    lock file says which process holds it (pid and host) and is removed on release.
+
+    Example::
+
+        with WriterLock(path):
+            ...   # no other process can take the lock here, overwrite or not
+
+    An OS lock (flock) does the excluding, so a process that dies releases it at once; a
+    lock file it leaves behind is taken over by the next run.
+
+    Raises:
+        OutputError: another process holds the lock, or the file system cannot lock (then
+            ``locking`` false or best-effort, as for HDF5's own locking, runs without).
+    """
+
+    def __init__(self, path: Path, locking: bool | str | None = None):
+        self.path = path.with_name(path.name + ".lock")
+        self.locking = locking
+        self._fd: int | None = None
+
+    def __enter__(self) -> WriterLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        try:
+            import fcntl
+        except ImportError:  # not on this platform: HDF5's own locking is all there is
+            return
+        while self._fd is None:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as err:
+                os.close(fd)
+                if err.errno in (errno.EAGAIN, errno.EACCES):
+                    raise OutputError(self._held_message()) from None
+                if self.locking in (False, "best-effort"):
+                    log.debug("not locking %s: %s", self.path, err)
+                    return
+                raise OutputError(
+                    f"cannot lock {str(self.path)!r} ({err.strerror or err}); on a file system "
+                    "without locks (some NFS mounts) set output.file_locking=false, and make "
+                    "sure that one process at a time writes each file"
+                ) from None
+            if _same_file(fd, self.path):  # not a lock file that its holder removed meanwhile
+                self._fd = fd
+            else:
+                os.close(fd)
+        os.ftruncate(self._fd, 0)
+        os.write(self._fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+                 .encode())
+
+    def release(self) -> None:
+        if self._fd is not None:
+            self.path.unlink(missing_ok=True)  # while still held: nobody can lock it meanwhile
+            os.close(self._fd)
+            self._fd = None
+
+    def _held_message(self) -> str:
+        try:
+            holder = json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            holder = {}
+        who = (f"process {holder['pid']} on {holder['host']}" if {"pid", "host"} <= set(holder)
+               else "another process")
+        target = self.path.with_name(self.path.name.removesuffix(".lock"))
+        return (f"{who} is writing {str(target)!r} (it holds {self.path.name}); no run may write "
+                "or replace a file while another writes it, output.overwrite=true included: "
+                "wait for that run to end, or stop it")
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False

@@ -21,11 +21,14 @@ from tqdm import tqdm
 
 from probe.config import option_name
 from probe.data import make_loader
-from probe.errors import RunStopped
+from probe.errors import OutputError, RunStopped
+from probe.format import partial_path
 from probe.hooks import StopForward
 from probe.objectives import per_sample
+from probe.output import WriterLock, existing_run
 from probe.planner import Plan, plan
 from probe.store import Store
+from probe.units import human_bytes
 from probe.writer import BackgroundWriter
 
 __all__ = ["run", "execute", "StopRequest"]
@@ -66,7 +69,30 @@ def execute(plan: Plan, *, stop: StopRequest | None = None) -> Path:
     """
     if plan.done:
         return plan.path
-    cfg, capture, stop = plan.cfg, plan.capture, stop if stop is not None else StopRequest()
+    with WriterLock(plan.path, plan.locking):
+        if not _still_as_planned(plan):
+            return plan.path
+        return _write(plan, stop if stop is not None else StopRequest())
+
+
+def _still_as_planned(plan: Plan) -> bool:
+    """Whether the output is as the plan found it, now that this process holds the lock (a run
+    that finished meanwhile makes this one unnecessary; one that wrote rows, wrong)."""
+    if plan.cfg.output.overwrite:
+        partial_path(plan.path).unlink(missing_ok=True)
+        return True
+    found = existing_run(plan.path, plan.config_yaml, plan.locking)
+    if found is not None and found.complete:
+        log.info("%s was completed by another run meanwhile; nothing to do", plan.path)
+        return False
+    if (0 if found is None else found.num_committed) != plan.resume_from:
+        raise OutputError(f"{str(plan.path)!r} changed since this run was planned (another run "
+                          "wrote to it); run the command again")
+    return True
+
+
+def _write(plan: Plan, stop: StopRequest) -> Path:
+    cfg, capture = plan.cfg, plan.capture
     started = time.perf_counter()
     loader = make_loader(plan.dataset, plan.indices[plan.resume_from:], int(cfg.batch_size),
                          int(cfg.num_workers), pin_memory=plan.device.type == "cuda")
@@ -91,8 +117,8 @@ def execute(plan: Plan, *, stop: StopRequest | None = None) -> Path:
                  "before any rows were saved; run the same command again to start")
         name = signal.Signals(stop.signum).name
         raise RunStopped(f"stopped by {name} {saved}", exit_code=128 + int(stop.signum)) from None
-    log.info("wrote %d rows (%.1f MiB) in %.1f s to %s", plan.num_rows - plan.resume_from,
-             plan.path.stat().st_size / 2**20, time.perf_counter() - started, plan.path)
+    log.info("wrote %d rows (%s) in %.1f s to %s", plan.num_rows - plan.resume_from,
+             human_bytes(plan.path.stat().st_size), time.perf_counter() - started, plan.path)
     return plan.path
 
 

@@ -6,6 +6,7 @@ import textwrap
 
 import h5py
 import numpy as np
+import pytest
 
 from tests.conftest import TINY_NET, error_line, no_h5_files, run_cli
 
@@ -76,3 +77,37 @@ def test_run_folder_names_can_be_typed_back_unquoted():
     assert run_folder_name("layers=[layer4.*,fc]").startswith("layers-layer4._+fc--")
     assert run_folder_name("layers=[features.1?]") != run_folder_name("layers=[features.1*]")
     assert run_folder_name("") == "default"
+
+
+def test_a_failing_run_leaves_no_run_folder(tmp_path):
+    # the model fails on the first sample: one line naming the module, and nothing left
+    result = run_cli(*TINY_NET, "layers=[fc]", "dataset.image_size=1", cwd=tmp_path)
+    line = error_line(result)
+    assert "fails on one sample of shape (3, 1, 1) in features.2 (MaxPool2d)" in line
+    assert "dataset.image_size" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_kept_run_folder_logs_the_error(tmp_path):
+    # batch_size is not in the folder's name: both commands share the folder of the first
+    ok = run_cli(*TINY_NET, "layers=[fc]", *TINY, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    (folder,) = (tmp_path / "outputs").iterdir()
+    failed = run_cli(*TINY_NET, "layers=[fc]", *TINY, "batch_size=0", "output.overwrite=true",
+                     cwd=tmp_path)
+    assert "batch_size=0 must be at least 1" in error_line(failed)
+    assert (folder / "features.h5").is_file()  # the earlier run's file and log stay
+    assert "batch_size=0 must be at least 1" in (folder / "probe.log").read_text()
+
+
+def test_a_read_only_working_directory_is_one_line(monkeypatch, capsys):
+    from probe.commands import run as command
+
+    monkeypatch.setattr(command.os, "access", lambda path, mode: False)
+    with pytest.raises(SystemExit) as exit_info:
+        command._refuse_a_read_only_directory(["model=vgg16"])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("probe: error: the current folder")
+    assert "hydra.run.dir=" in err
+    command._refuse_a_read_only_directory(["hydra.run.dir=/elsewhere"])  # nothing to refuse

@@ -39,14 +39,22 @@ def exit_on_user_error(task: Callable) -> Callable:
         try:
             return task(*args, **kwargs)
         except RunStopped as stopped:
-            log.warning("%s", stopped)
+            _to_log_files(logging.WARNING, str(stopped))
             print(f"probe: {stopped}", file=sys.stderr)
             sys.exit(stopped.exit_code)
         except ProbeError as err:
-            log.error("%s", err)
+            _to_log_files(logging.ERROR, str(err))
             print(f"probe: error: {err}", file=sys.stderr)
             sys.exit(1)
     return wrapped
+
+
+def _to_log_files(level: int, message: str) -> None:
+    # the console already gets the printed line; the run's log file should have it too
+    record = log.makeRecord(log.name, level, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def hydra_command(config_name: str) -> Callable[[Callable], Callable[[], None]]:

@@ -127,7 +127,7 @@ def _pick_layer(f: FeatureFile, layer: str | None) -> str:
     if not both:
         raise ConfigError(
             f"{str(f.path)!r} has no layer with both output and grad_output (it holds "
-            f"{f.keys}); run probe with 'hooks=[forward,backward]' and reduce=none"
+            f"{f.features}); run probe with 'hooks=[forward,backward]' and reduce=none"
         )
     raise ConfigError(f"layer is not set and {str(f.path)!r} has several candidates {both}; "
                       f"pass one, e.g. layer={both[-1]}")
@@ -140,7 +140,7 @@ def _conv_pair(f: FeatureFile, layer: str) -> tuple[h5py.Dataset, h5py.Dataset]:
         layers += [] if layer in layers else [layer]
         raise ConfigError(
             f"Grad-CAM needs {layer}/output and {layer}/grad_output, but {str(f.path)!r} has no "
-            f"{' or '.join(f'{layer}/{kind}' for kind in missing)} (it holds {f.keys}); run "
+            f"{' or '.join(f'{layer}/{kind}' for kind in missing)} (it holds {f.features}); run "
             f"probe with 'layers=[{','.join(layers)}]' 'hooks=[forward,backward]' reduce=none"
         )
     acts, grads = f[f"{layer}/output"], f[f"{layer}/grad_output"]

@@ -17,7 +17,8 @@ from torch import nn
 
 from probe.errors import ConfigError
 
-__all__ = ["resolve_layers", "match_layers", "describe_layers", "LayerInfo", "first_tensor"]
+__all__ = ["resolve_layers", "match_layers", "is_glob", "describe_layers", "LayerInfo",
+           "first_tensor"]
 
 _GLOB_CHARS = set("*?[")
 
@@ -49,9 +50,14 @@ def resolve_layers(model: nn.Module, patterns: Iterable[str]) -> list[str]:
 
 def match_layers(names: Iterable[str], pattern: str) -> list[str]:
     """The names equal to ``pattern``, or matching it as a shell-style glob, in order."""
-    is_glob = bool(_GLOB_CHARS & set(pattern))
+    glob = is_glob(pattern)
     return [name for name in names
-            if name == pattern or (is_glob and fnmatch.fnmatchcase(name, pattern))]
+            if name == pattern or (glob and fnmatch.fnmatchcase(name, pattern))]
+
+
+def is_glob(pattern: str) -> bool:
+    """Whether ``pattern`` holds a glob character (``*``, ``?`` or ``[``)."""
+    return bool(_GLOB_CHARS & set(pattern))
 
 
 def _unknown_layer_message(pattern: str, names: list[str]) -> str:
