@@ -1,17 +1,17 @@
-"""Datasets and the loader that feeds the runner rows of (dataset index, input, target).
+"""Image datasets, and which samples of a dataset a job takes.
 
-Any torch Dataset works; its items are a tensor or a (tensor, target) pair. Shipped here:
-``SyntheticImages`` (the embedded default, no files), ``image_folder`` and ``cifar10``.
+Any torch Dataset works; its items are a tensor or a (tensor, target) pair (probe.feed batches
+them). Shipped here: ``SyntheticImages`` (the embedded default, no files), ``image_folder`` and
+``cifar10``; ``select_indices`` applies ``limit``, ``subset`` and ``shard``.
 """
 
 from __future__ import annotations
 
 import math
-import signal
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from probe.errors import ConfigError, DataError
 
@@ -23,9 +23,6 @@ __all__ = [
     "cifar10",
     "imagenet_transform",
     "select_indices",
-    "has_targets",
-    "split_item",
-    "make_loader",
 ]
 
 # the normalisation of imagenet_transform and cifar10 (undone for display by probe.gradcam)
@@ -157,66 +154,3 @@ def select_indices(size: int, limit: int | None = None, shard_index: int = 0,
             f"shard {shard_index} of {shard_count}"
         )
     return indices
-
-
-def has_targets(dataset: Dataset) -> bool:
-    """Whether the dataset's items are (input, target) pairs rather than bare inputs."""
-    return split_item(dataset[0])[1] is not None
-
-
-def split_item(item) -> tuple[torch.Tensor, int | None]:
-    """A dataset item as (input, integer target or None): items are a tensor, a 1-tuple, or
-    an (input, target, ...) tuple.
-
-    Raises:
-        ConfigError: the target is not a single integer class.
-    """
-    if not isinstance(item, (tuple, list)):
-        return item, None
-    if len(item) < 2:
-        return item[0], None
-    try:
-        return item[0], int(item[1])
-    except (TypeError, ValueError, RuntimeError):
-        raise ConfigError(
-            f"dataset targets must be single class numbers, got {type(item[1]).__name__}; "
-            "wrap the dataset so that its items are (input, int) or input alone"
-        ) from None
-
-
-class _Rows(Dataset):
-    """``dataset`` seen through ``indices``, as (dataset index, input, target or -1)."""
-
-    def __init__(self, dataset: Dataset, indices: list[int]):
-        self.dataset, self.indices = dataset, indices
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int):
-        index = self.indices[i]
-        inputs, target = split_item(self.dataset[index])
-        return index, inputs, -1 if target is None else target
-
-
-def _collate(rows):
-    index, inputs, target = zip(*rows, strict=True)
-    return (torch.tensor(index, dtype=torch.int64), torch.stack(inputs),
-            torch.tensor(target, dtype=torch.int64))
-
-
-def make_loader(dataset: Dataset, indices: list[int], batch_size: int, num_workers: int = 0,
-                pin_memory: bool = False) -> DataLoader:
-    """Batches of (index, inputs, targets) over ``indices`` in order; targets are -1 where the
-    dataset has none."""
-    return DataLoader(_Rows(dataset, indices), batch_size=batch_size, shuffle=False,
-                      num_workers=num_workers, collate_fn=_collate, pin_memory=pin_memory,
-                      persistent_workers=False, worker_init_fn=_leave_stop_signals_to_the_run)
-
-
-def _leave_stop_signals_to_the_run(worker_id: int) -> None:
-    # Ctrl-C and SLURM's SIGTERM reach the whole process group. A worker that died of them would
-    # make the loader raise before the run could stop at a batch boundary and commit; the run
-    # stops the workers itself when it ends.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)

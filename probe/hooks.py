@@ -22,14 +22,16 @@ import torch
 from torch import nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-from probe.config import Reduce
+from probe.config import Reduce, Tokens
 from probe.errors import ConfigError
 from probe.format import Attr, Hook, dataset_key, split_key
 from probe.layers import first_tensor, match_layers, resolve_layers
+from probe.tokens import select_tokens
 
 __all__ = ["attach", "Capture", "StopForward", "reduce_tensor", "parse_hooks", "resolve_reduces"]
 
 _E = TypeVar("_E", bound=Enum)
+_FLOAT16_LIMIT = 65520.0  # the smallest magnitude that float16 rounds to infinity
 
 
 class StopForward(Exception):
@@ -168,13 +170,20 @@ class Capture:
     def __init__(self, model: nn.Module, layers: Iterable[str],
                  hooks: Iterable[str | Hook] = ("forward",), *, reduce: str | Reduce = "none",
                  reduce_by_layer: Mapping[str, str | Reduce] | None = None,
-                 dtype: torch.dtype | None = None, stop_early: bool = False):
+                 dtype: torch.dtype | None = None, stop_early: bool = False,
+                 tokens: str | Tokens = "all"):
         self.model = model
         self.layers = resolve_layers(model, layers)
         self.hooks = parse_hooks(hooks)
         # layer -> how its values are reduced
         self.reduces = resolve_reduces(self.layers, reduce, reduce_by_layer)
         self.dtype = dtype
+        # Token layouts: the keys whose tensors have (batch, sequence) leading axes (set by the
+        # caller, who knows the model's layouts), are pooled by `tokens` before the reduce;
+        # `keep` (B, L), set before each pass, marks the positions that count (None: all).
+        self.tokens = _member(Tokens, tokens, f"tokens={tokens!r}")
+        self.token_keys: set[str] = set()
+        self.keep: torch.Tensor | None = None
         # forward-only: once a complete pass has shown that every hooked module runs, and runs
         # once, raise StopForward as soon as a pass has given its last value (see arm)
         self.stop_early = stop_early and not self.needs_grad
@@ -182,8 +191,11 @@ class Capture:
         # set by take() when copies from a CUDA device are still in flight
         self.copied: torch.cuda.Event | None = None
         self._copying = False
-        # "<layer>/<kind>" -> position in the module's tuple output/input, where it was a tuple
-        self.tuple_positions: dict[str, int] = {}
+        # "<layer>/<kind>" -> position in the module's tuple output/input, where it was a tuple,
+        # or the keyword of an input given by keyword
+        self.tuple_positions: dict[str, int | str] = {}
+        # float16 storage: whether a value overflowed float16 (checked once per pass, in take)
+        self._overflow: list[torch.Tensor] = []
         self._values: dict[str, torch.Tensor] = {}
         self._edges: dict[str, GradientEdge] = {}
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
@@ -211,8 +223,9 @@ class Capture:
                  Attr.REDUCE: self.reduces[layer].name}
         if self.dtype is not None:
             attrs[Attr.DTYPE] = str(self.dtype).removeprefix("torch.")
-        if key in self.tuple_positions:
-            attrs[Attr.TUPLE_POSITION] = self.tuple_positions[key]
+        where = self.tuple_positions.get(key)
+        if where is not None:
+            attrs[Attr.KEYWORD if isinstance(where, str) else Attr.TUPLE_POSITION] = where
         return attrs
 
     def arm(self) -> None:
@@ -230,9 +243,11 @@ class Capture:
             wants_pre = {Hook.forward_pre, Hook.backward_input, Hook.backward} & set(self.hooks)
             wants_post = {Hook.forward, Hook.backward} & set(self.hooks)
             for layer in self.layers:
-                if wants_pre:
+                if wants_pre:  # with kwargs: some modules take their input by keyword (Llama's)
                     self._handles.append(modules[layer].register_forward_pre_hook(
-                        lambda module, args, layer=layer: self._on_input(layer, args)))
+                        lambda module, args, kwargs, layer=layer: self._on_input(layer, args,
+                                                                                 kwargs),
+                        with_kwargs=True))
                 if wants_post:
                     self._handles.append(modules[layer].register_forward_hook(
                         lambda module, args, out, layer=layer: self._on_output(layer, out)))
@@ -275,6 +290,12 @@ class Capture:
             raise ConfigError(
                 f"nothing was captured for {', '.join(missing)}: the module did not run in the "
                 "forward pass (or backward was not called); choose layers that the forward uses"
+            )
+        overflow, self._overflow = self._overflow, []
+        if overflow and bool(torch.stack(overflow).any()):
+            raise ConfigError(
+                "a captured value lies beyond float16's range (+-65504) and would be stored as "
+                "an infinity; use output.dtype=float32, or bfloat16"
             )
         values, self._values = {key: self._values[key] for key in self.keys}, {}
         self._armed = self.stop_early
@@ -320,8 +341,13 @@ class Capture:
         self._values.clear()
         self._edges.clear()
 
-    def _on_input(self, layer: str, args):
-        tensor, slot = self._tensor_of(layer, args, "input")
+    def _on_input(self, layer: str, args: tuple, kwargs: dict):
+        tensor, slot = first_tensor(args)
+        if tensor is None:  # given by keyword: the first tensor among the keyword arguments
+            slot = next((k for k, v in kwargs.items() if isinstance(v, torch.Tensor)), None)
+            tensor = None if slot is None else kwargs[slot]
+        if tensor is None:
+            raise ConfigError(f"layer {layer!r} has no tensor input to capture; choose another")
         position = slot or None  # args is always a tuple: only a later slot is worth recording
         if Hook.forward_pre in self.hooks:
             self._keep(f"{layer}/input", tensor, position)
@@ -333,7 +359,9 @@ class Capture:
             # this module's output is unchanged. (The clone is not a leaf, so a module that
             # works in place on its input, like ReLU(inplace=True), still may.)
             start = tensor.detach().requires_grad_().clone()
-            return (*args[:slot], start, *args[slot + 1:])
+            if isinstance(slot, str):
+                return args, {**kwargs, slot: start}
+            return (*args[:slot], start, *args[slot + 1:]), kwargs
         return None
 
     def _on_output(self, layer: str, output) -> None:
@@ -349,12 +377,17 @@ class Capture:
             raise ConfigError(f"layer {layer!r} has no tensor {what} to capture; choose another")
         return tensor, position
 
-    def _keep(self, key: str, tensor: torch.Tensor, position: int | None) -> None:
+    def _keep(self, key: str, tensor: torch.Tensor, position: int | str | None) -> None:
         _check_first_call(key, self._values)
         if position is not None:
             self.tuple_positions[key] = position
-        value = reduce_tensor(tensor.detach(), self.reduces[key.rsplit("/", 1)[0]])
+        value = tensor.detach()
+        if key in self.token_keys:
+            value = select_tokens(value, self.keep, self.tokens)
+        value = reduce_tensor(value, self.reduces[split_key(key)[0]])
         dtype = self.dtype or value.dtype
+        if dtype == torch.float16 and value.dtype != torch.float16:
+            self._overflow.append((value.abs() >= _FLOAT16_LIMIT).any())  # NaN stays NaN
         if value.device.type == "cuda":
             # enqueued now, so it reads the value before any later in-place op on the stream
             host = torch.empty(value.shape, dtype=dtype, pin_memory=True)
@@ -368,7 +401,7 @@ class Capture:
         if self._armed and len(self._values) == len(self.keys):
             raise StopForward
 
-    def _record_edge(self, key: str, tensor: torch.Tensor, position: int | None) -> None:
+    def _record_edge(self, key: str, tensor: torch.Tensor, position: int | str | None) -> None:
         _check_first_call(key, self._edges)
         if not tensor.requires_grad:
             raise ConfigError(

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -24,14 +24,15 @@ from torch.utils.data import Dataset
 
 from probe.build import build_dataset, build_model
 from probe.config import check_known_keys, option_name
-from probe.data import has_targets, select_indices, split_item
+from probe.data import select_indices
 from probe.device import resolve_device
-from probe.errors import ConfigError, OutputError, ProbeError
+from probe.dryrun import dry_run
+from probe.errors import ConfigError, OutputError
+from probe.feed import Objective, feed_for
 from probe.fingerprint import changes, data_fingerprint, dumps, loads, model_fingerprint
-from probe.format import Attr, DatasetSpec, FileState, dataset_key, split_key
+from probe.format import Attr, DatasetSpec, FileState
 from probe.hooks import Capture, parse_hooks
 from probe.layers import is_glob, match_layers
-from probe.objectives import Objective, make_objective
 from probe.output import (
     WriterLock,
     check_free_space,
@@ -47,7 +48,7 @@ __all__ = ["Plan", "plan", "TORCH_DTYPES"]
 
 log = logging.getLogger(__name__)
 
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -65,13 +66,15 @@ class Plan:
     device: torch.device | None = None
     model: nn.Module | None = None
     dataset: Dataset | None = None
+    feed: Any = None  # how the dataset's items reach the model (probe.feed)
     indices: list[int] = field(default_factory=list)
     has_target: bool = False
     objective: Objective | None = None
     capture: Capture | None = None
     datasets: dict[str, DatasetSpec] = field(default_factory=dict)
     attrs: dict = field(default_factory=dict)
-    row_bytes: int = 0
+    num_tokens: int | None = None  # token rows in all, for a run with rows per token
+    row_bytes: int = 0  # bytes per sample, of the datasets with one row per sample
     dry_run_seconds: float = 0.0
 
     @property
@@ -114,40 +117,51 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
         log.info("resuming %s after %d committed rows", found.path, found.num_committed)
     resume_from = 0 if found is None else found.num_committed
     model = model.eval().to(device)
+    feed = feed_for(dataset)
     indices = select_indices(len(dataset), cfg.limit, cfg.shard.index, cfg.shard.count,
                              subset=option_name(cfg.subset), seed=int(cfg.seed))
-    with_target = has_targets(dataset)
-    objective, objective_name = make_objective(cfg.objective)
-    if any(h.needs_grad for h in hooks) and objective_name == "target" and not with_target:
+    with_target = feed.has_targets(dataset)
+    objective, objective_name = feed.objective(cfg.objective, model)
+    needs_grad = any(h.needs_grad for h in hooks)
+    if needs_grad and objective_name == "target" and not with_target:
         raise ConfigError(
-            "objective=target but the dataset has no targets; use objective=top1 or a dataset "
-            "whose items are (input, target)"
+            "objective=target but the dataset has no targets; use objective=top1, or a dataset "
+            "with targets (items (input, target); for text, dataset.label_column)"
         )
     capture = Capture(model, cfg.layers, hooks, reduce=cfg.reduce,
                       reduce_by_layer=cfg.reduce_by_layer,
                       dtype=TORCH_DTYPES[option_name(cfg.output.dtype)],
-                      stop_early=bool(cfg.stop_early))
+                      stop_early=bool(cfg.stop_early), tokens=option_name(cfg.tokens))
     started = time.perf_counter()
-    datasets = _dry_run(capture, dataset[indices[0]], device)
+    datasets = dry_run(capture, feed, feed.dry_batches(dataset, indices[0]), device,
+                       objective if needs_grad else None)
     dry_run_seconds = time.perf_counter() - started
     capture.arm()  # the dry run was a complete pass: every hooked module ran, once
-    row_bytes = 16 + sum(spec.row_bytes for spec in datasets.values())  # + index and target
+    tokens = feed.stored_tokens(dataset, indices) if feed.token_rows else None
+    if tokens is not None:
+        datasets.update(feed.token_datasets(dataset))
+    sample_bytes = 16 + sum(s.row_bytes for s in datasets.values() if not s.per_token)
+    token_bytes = sum(s.row_bytes for s in datasets.values() if s.per_token)
     for pattern in map(str, cfg.layers):
         if is_glob(pattern):
             log.info("layers: %s matches %s", pattern,
                      ", ".join(match_layers(capture.layers, pattern)))
-    log.info("model %s on %s; %d layers x %s; %d samples of %s -> %s",
+    log.info("model %s on %s; %d layers x %s; %d samples of %s%s -> %s",
              type(model).__name__, device, len(capture.layers), [h.name for h in hooks],
-             len(indices), human_bytes(row_bytes), path)
+             len(indices), human_bytes(sample_bytes),
+             "" if tokens is None else f", {int(tokens.sum())} tokens of "
+                                       f"{human_bytes(token_bytes)}", path)
     if cfg.output.check_free_space:
-        check_free_space(path.parent, row_bytes * (len(indices) - resume_from))
+        left = 0 if tokens is None else int(tokens[resume_from:].sum())
+        check_free_space(path.parent,
+                         sample_bytes * (len(indices) - resume_from) + token_bytes * left)
+    attrs = {**_root_attrs(cfg, capture, objective_name), **feed.attrs(dataset),
+             **{key: dumps(value) for key, value in fingerprints.items()}}
     return Plan(cfg, path, config_yaml, locking, resume_from, device=device, model=model,
-                dataset=dataset, indices=indices, has_target=with_target, objective=objective,
-                capture=capture, datasets=datasets,
-                attrs={**_root_attrs(cfg, capture, objective_name),
-                       **{key: dumps(value) for key, value in fingerprints.items()}},
-                row_bytes=row_bytes,
-                dry_run_seconds=dry_run_seconds)
+                dataset=dataset, feed=feed, indices=indices, has_target=with_target,
+                objective=objective, capture=capture, datasets=datasets, attrs=attrs,
+                num_tokens=None if tokens is None else int(tokens.sum()),
+                row_bytes=sample_bytes, dry_run_seconds=dry_run_seconds)
 
 
 def _require_same_inputs(found: FileState, fingerprints: dict) -> None:
@@ -177,73 +191,11 @@ def _check_config(cfg: DictConfig) -> None:
     filter_options(option_name(cfg.output.compression), cfg.output.compression_level)
 
 
-# the forward hook whose value has the shape of each kind (gradients have their tensor's shape)
-_SHAPE_SOURCE = {"output": "forward", "grad_output": "forward", "input": "forward_pre",
-                 "grad_input": "forward_pre"}
-
-
-def _dry_run(capture: Capture, item, device: torch.device) -> dict[str, DatasetSpec]:
-    """One sample through the model, forward only, with hooks of its own: the spec of every
-    dataset the run stores. It also finds layers that do not run, or run more than once,
-    before any file is made."""
-    sample, _ = split_item(item)
-    kinds = sorted({_SHAPE_SOURCE[hook.kind] for hook in capture.hooks})
-    dry = Capture(capture.model, capture.layers, kinds, reduce_by_layer=capture.reduces,
-                  dtype=capture.dtype)
-    with dry, torch.inference_mode(), _failing_module(capture.model) as running:
-        try:
-            capture.model(sample.unsqueeze(0).to(device))
-        except ProbeError:
-            raise
-        except Exception as err:  # the model's own error: say where, in one line
-            name = running[-1] if running else "the model"
-            kind = type(dict(capture.model.named_modules())[name]).__name__ if running else ""
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise ConfigError(
-                f"the model fails on one sample of shape {tuple(sample.shape)} in {name}"
-                f"{f' ({kind})' if kind else ''}: {reason}; check that the inputs suit the "
-                "model (a dataset.image_size too small for it?)"
-            ) from None
-        seen = dry.take()
-    dtype = str(capture.dtype).removeprefix("torch.")
-    specs: dict[str, DatasetSpec] = {}
-    for key in capture.keys:
-        layer, kind = split_key(key)
-        source = dataset_key(layer, kind.removeprefix("grad_"))
-        attrs = capture.attrs(key)
-        if source in dry.tuple_positions:
-            attrs[Attr.TUPLE_POSITION] = dry.tuple_positions[source]
-        specs[key] = DatasetSpec(tuple(seen[source].shape[1:]), dtype, attrs)
-    return specs
-
-
-@contextmanager
-def _failing_module(model: nn.Module):
-    """The names of the modules running right now, innermost last: after an exception in the
-    forward pass, the module that raised it is the last one."""
-    running: list[str] = []
-
-    def enter(name: str) -> None:
-        running.append(name)
-
-    def leave() -> None:  # returns None: a forward hook's result would replace the output
-        running.pop()
-
-    handles = []
-    for name, module in model.named_modules():
-        if name:
-            handles.append(module.register_forward_pre_hook(lambda *_, n=name: enter(n)))
-            handles.append(module.register_forward_hook(lambda *_: leave()))
-    try:
-        yield running
-    finally:
-        for handle in reversed(handles):
-            handle.remove()
-
-
 def _root_attrs(cfg: DictConfig, capture: Capture, objective_name: str) -> dict:
     attrs = {Attr.LAYERS: list(capture.layers), Attr.HOOKS: [h.name for h in capture.hooks],
              Attr.SHARD_INDEX: int(cfg.shard.index), Attr.SHARD_COUNT: int(cfg.shard.count)}
     if capture.needs_grad:
         attrs[Attr.OBJECTIVE] = objective_name
+    if capture.token_keys:
+        attrs[Attr.TOKENS] = capture.tokens.name
     return attrs

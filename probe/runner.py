@@ -20,11 +20,9 @@ from torch import nn
 from tqdm import tqdm
 
 from probe.config import option_name
-from probe.data import make_loader
 from probe.errors import OutputError, RunStopped
 from probe.format import partial_path
 from probe.hooks import StopForward
-from probe.objectives import per_sample
 from probe.output import WriterLock, existing_run
 from probe.planner import Plan, plan
 from probe.store import Store
@@ -94,11 +92,12 @@ def _still_as_planned(plan: Plan) -> bool:
 def _write(plan: Plan, stop: StopRequest) -> Path:
     cfg, capture = plan.cfg, plan.capture
     started = time.perf_counter()
-    loader = make_loader(plan.dataset, plan.indices[plan.resume_from:], int(cfg.batch_size),
-                         int(cfg.num_workers), pin_memory=plan.device.type == "cuda")
+    loader = plan.feed.loader(plan.dataset, plan.indices[plan.resume_from:],
+                              int(cfg.batch_size), int(cfg.num_workers),
+                              pin_memory=plan.device.type == "cuda")
     store = Store(plan.path, config_yaml=plan.config_yaml, num_rows=plan.num_rows,
                   datasets=plan.datasets, has_target=plan.has_target,
-                  resume_from=plan.resume_from,
+                  num_tokens=plan.num_tokens, resume_from=plan.resume_from,
                   compression=option_name(cfg.output.compression),
                   compression_level=cfg.output.compression_level, attrs=plan.attrs,
                   locking=plan.locking)
@@ -124,23 +123,26 @@ def _write(plan: Plan, stop: StopRequest) -> Path:
 
 def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> None:
     """The main loop: one forward (and backward) per batch, captures handed to the writer."""
-    model, capture, device = plan.model, plan.capture, plan.device
-    with tqdm(total=plan.num_rows, initial=plan.resume_from, unit="sample", dynamic_ncols=True,
-              mininterval=1.0, desc="probe") as bar:
-        for index, inputs, targets in loader:
-            inputs = inputs.to(device, non_blocking=True)
+    model, capture, feed = plan.model, plan.capture, plan.feed
+    with tqdm(total=feed.units(plan.dataset, plan.indices), unit=feed.unit, unit_scale=True,
+              initial=feed.units(plan.dataset, plan.indices[:plan.resume_from]),
+              dynamic_ncols=True, mininterval=1.0, desc="probe") as bar:
+        for batch in loader:
+            on_device = batch.to(plan.device)
+            capture.keep = on_device.keep
             if capture.needs_grad:
                 # parameters are frozen: the graph starts at the hooked modules (or at the
                 # input, when gradients at a module's input are asked for)
                 with torch.enable_grad():
-                    output = model(inputs.requires_grad_(capture.wants_input_grad))
-                    capture.backward(per_sample(plan.objective, output, targets).sum())
+                    output = feed.forward(model, on_device, input_grad=capture.wants_input_grad)
+                    capture.backward(plan.objective(output, on_device).sum())
             else:
                 # StopForward: every hooked module has run, the rest of the model is not needed
                 with torch.inference_mode(), suppress(StopForward):
-                    model(inputs)
-            writer.put(index, targets, capture.take(), ready=capture.copied)
-            bar.update(len(index))
+                    feed.forward(model, on_device)
+            writer.put(batch.index, batch.target, {**capture.take(), **batch.token_rows},
+                       ready=capture.copied, lengths=batch.lengths)
+            bar.update(feed.count(batch))
             if stop:
                 raise _Stopped
 

@@ -55,12 +55,13 @@ class BackgroundWriter:
         except BaseException as err:  # the block's own error is the one to report
             log.debug("writer stopped with %r", err)
 
-    def put(self, index, target, values, ready=None) -> None:
+    def put(self, index, target, values, ready=None, lengths=None) -> None:
         """Queue one batch; blocks while ``max_pending`` batches wait. Raises a write error.
 
         ``ready`` is a CUDA event that completes when the device-to-host copies of ``values``
-        have landed (None for values already on the host)."""
-        item = (index, target, values, ready)
+        have landed (None for values already on the host); ``lengths`` are the token rows of
+        each sample, for a run with rows per token."""
+        item = (index, target, values, ready, lengths)
         while True:
             self._raise_if_failed()
             try:
@@ -84,10 +85,10 @@ class BackgroundWriter:
         batches, last_commit = 0, time.monotonic()
         try:
             while (item := self._queue.get()) is not _STOP:
-                index, target, values, ready = item
+                index, target, values, ready, lengths = item
                 if ready is not None:
                     ready.synchronize()
-                self.store.append(index, target, values)
+                self.store.append(index, target, values, lengths)
                 batches += 1
                 if (batches % self._commit_batches == 0
                         or time.monotonic() - last_commit >= self._commit_seconds):

@@ -27,10 +27,10 @@ from tests.conftest import (
     run_with,
 )
 
-# A tiny model over images that take 5 ms each to load: a run of a few hundred samples lasts
+# A tiny model over images that take 10 ms each to load: a run of a few hundred samples lasts
 # long enough to be killed part-way, whatever the machine's speed
 RUN = [*TINY_NET, "layers=[features.0,fc]", "dataset._target_=tests.tiny.PacedImages",
-       "+dataset.delay=0.005", "dataset.image_size=32", "batch_size=4", "output.commit_every=1",
+       "+dataset.delay=0.01", "dataset.image_size=32", "batch_size=4", "output.commit_every=1",
        "num_workers=0"]
 KEYS = ("index", "target", "features.0/output", "fc/output")
 
@@ -122,7 +122,7 @@ def _kill_until_done(tmp_path, samples: int, kills: int, seed: int, *extra: str)
         if attempt < kills:
             _wait_for(tmp_path / "f.h5.partial")
             assert not (tmp_path / "f.h5").exists()  # a partial file never sits at the path
-            time.sleep(rng.uniform(0.2, 1.0))
+            time.sleep(rng.uniform(0.5, 1.5))
             process.kill()
         stdout, stderr = process.communicate(timeout=300)
         marker = [line for line in (stdout + stderr).splitlines() if "resuming" in line]

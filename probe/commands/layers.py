@@ -1,5 +1,6 @@
 """``python -m probe.layers model=...``: every module of the model, with the shape it outputs for
-one sample and the bytes that sample adds to a file. Writes nothing, not even a run folder."""
+one sample (one token, for a language model) and the bytes that sample (token) adds to a file.
+Writes nothing, not even a run folder."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ __all__ = ["main", "layer_table"]
 
 
 def layer_table(cfg: DictConfig) -> list[tuple[str, str, str, str]]:
-    """Rows of (name, type, output shape, bytes per sample), a header first.
+    """Rows of (name, type, output shape, bytes per sample or per token), a header first. For
+    language models, an output with a token axis is shown per token.
 
     Raises:
         ProbeError: a model, dataset or reduce that cannot work.
@@ -23,24 +25,29 @@ def layer_table(cfg: DictConfig) -> list[tuple[str, str, str, str]]:
 
     from probe.build import build_dataset, build_model
     from probe.config import option_name
-    from probe.data import split_item
     from probe.device import resolve_device
+    from probe.feed import feed_for
     from probe.hooks import reduce_tensor, resolve_reduces
     from probe.layers import describe_layers
     from probe.planner import TORCH_DTYPES
     from probe.units import human_bytes
 
-    model = build_model(cfg).to(resolve_device(cfg.device))
-    sample, _ = split_item(build_dataset(cfg)[0])
-    itemsize = TORCH_DTYPES[option_name(cfg.output.dtype)].itemsize
-    infos = describe_layers(model, sample)
+    device = resolve_device(cfg.device)
+    model, dataset = build_model(cfg).to(device), build_dataset(cfg)
+    feed = feed_for(dataset)
+    batch = feed.dry_batches(dataset, 0)[0].to(device)
+    length = batch.keep.shape[1] if feed.token_rows else None
+    infos = describe_layers(model, lambda: feed.forward(model, batch))
     reduces = resolve_reduces([info.name for info in infos], cfg.reduce, cfg.reduce_by_layer)
-    rows = [("name", "type", "output shape", "bytes/sample")]
+    itemsize = TORCH_DTYPES[option_name(cfg.output.dtype)].itemsize
+    rows = [("name", "type", "output shape", f"bytes/{feed.unit}")]
     for info in infos:
         if info.shape is None:
             rows.append((info.name, info.type, "(not run)", "-"))
             continue
-        meta = torch.empty((1, *info.shape), device="meta")
+        shape = info.shape[1:] if length is not None and info.shape[:1] == (length,) else \
+            info.shape
+        meta = torch.empty((1, *shape), device="meta")
         shape = tuple(reduce_tensor(meta, reduces[info.name]).shape[1:])
         note = f" x{info.calls} calls" if info.calls > 1 else ""
         rows.append((info.name, info.type, f"{shape}{note}",

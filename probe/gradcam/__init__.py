@@ -218,7 +218,7 @@ def _images(config: DictConfig, index: np.ndarray) -> np.ndarray | None:
     # (K, H, W, 3) images in [0, 1] for display, or None (with a warning) when unavailable
     try:
         from probe.build import build_dataset
-        from probe.data import split_item
+        from probe.feed import split_item
 
         dataset = build_dataset(config)
         images = torch.stack([split_item(dataset[int(i)])[0] for i in index]).float()

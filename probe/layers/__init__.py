@@ -1,15 +1,16 @@
 """Layer names: resolve dotted paths and globs to modules, and list what a model offers.
 
 ``resolve_layers`` turns the config's ``layers`` into module names, or fails naming the pattern,
-the closest real names and how to list them all. ``describe_layers`` runs one sample and reports
-every module's output shape and bytes per sample; ``python -m probe.layers model=...`` prints it.
+the closest real names and how to list them all. ``describe_layers`` runs one forward pass and
+reports every module's output shape and how often it ran; ``python -m probe.layers model=...``
+prints it with the bytes each sample (or token) adds to a file.
 """
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -97,8 +98,9 @@ class LayerInfo:
         return size if self.shape is not None else 0
 
 
-def describe_layers(model: nn.Module, sample: torch.Tensor) -> list[LayerInfo]:
-    """Every named module with its output shape for one input sample (no batch axis).
+def describe_layers(model: nn.Module, forward: Callable[[], object]) -> list[LayerInfo]:
+    """Every named module with its output shape (no batch axis) in the forward pass that
+    ``forward()`` makes, typically on one sample.
 
     The model's mode is untouched and every hook is removed before returning.
     """
@@ -116,12 +118,10 @@ def describe_layers(model: nn.Module, sample: torch.Tensor) -> list[LayerInfo]:
     modules = [(name, module) for name, module in model.named_modules() if name]
     handles = [module.register_forward_hook(record(name)) for name, module in modules]
     try:
-        device = next(model.parameters(), torch.empty(0)).device
         with torch.inference_mode():
-            model(sample.unsqueeze(0).to(device))
+            forward()
     finally:
         for handle in reversed(handles):
             handle.remove()
     return [LayerInfo(name, type(module).__name__, shapes.get(name), calls.get(name, 0))
             for name, module in modules]
-
