@@ -27,6 +27,7 @@ __all__ = [
     "Hook",
     "Reduce",
     "Dtype",
+    "Tokens",
     "Compression",
     "Subset",
     "ProbeConfig",
@@ -56,9 +57,19 @@ class Reduce(str, Enum):
     flatten = "flatten"
 
 
+class Tokens(str, Enum):
+    """Which rows a (batch, sequence, ...) output gives: one per token, or one per sample."""
+
+    all = "all"
+    first = "first"
+    last = "last"
+    mean = "mean"
+
+
 class Dtype(str, Enum):
     float32 = "float32"
     float16 = "float16"
+    bfloat16 = "bfloat16"
 
 
 class Subset(str, Enum):
@@ -88,7 +99,8 @@ class OutputConfig:
     path: str | None = None
     # replace a file that holds another config's run (otherwise such a file is refused)
     overwrite: bool = False
-    # stored element type
+    # stored element type; bfloat16 is kept as its raw 16-bit pattern (HDF5 has no bfloat16),
+    # with the dataset's dtype attr saying so; probe.open reads it back as float32, exactly
     dtype: Dtype = Dtype.float32
     # HDF5 filter; zstd needs the `zstd` extra (hdf5plugin)
     compression: Compression = Compression.none
@@ -118,6 +130,10 @@ class ProbeConfig:
     objective: Any = "top1"
     # reduction of each captured tensor before storage
     reduce: Reduce = Reduce.none
+    # outputs with (batch, sequence) leading axes (language models, vision transformers): all
+    # (one row per real token; padding is never stored), first, last (the last real token),
+    # or mean (over the real tokens): one row per sample
+    tokens: Tokens = Tokens.all
     # exceptions to `reduce`, {layer name or glob: reduce}, e.g. {layer4: none}; a layer's own
     # name beats a glob. Typed Any with a null default: Hydra merges a dict from the command line
     # into an existing (typed) one, where struct mode refuses new keys; the runner checks values.

@@ -7,6 +7,12 @@ and gradcam read by it. A reader without this package needs only the layout in D
     /index (N,)       int64 dataset index of each row
     /target (N,)      int64 the dataset's target, where it has one
     /<layer>/<kind>   (N, *S) attrs: layer, hook, kind, reduce, dtype
+    text runs:
+    /offsets (N+1,)   int64 sample i's token rows are offsets[i]:offsets[i+1]
+    /input_ids (T,)   the token id of each stored token position
+    /positions (T,)   its position in the sample (special tokens left out leave gaps)
+    /document (T,)    with packing: the dataset index of the document it comes from
+    /<layer>/<kind>   (T, *S) with tokens=all (attr rows=token), else (N, *S)
 """
 
 from __future__ import annotations
@@ -20,12 +26,18 @@ import h5py
 import numpy as np
 
 __all__ = [
-    "INDEX", "TARGET", "Hook", "HOOK_OF_KIND", "Attr", "DatasetSpec", "FileState",
-    "dataset_key", "split_key", "partial_path", "read_state",
+    "INDEX", "TARGET", "OFFSETS", "INPUT_IDS", "POSITIONS", "DOCUMENT", "TOKEN_ROWS", "Hook",
+    "HOOK_OF_KIND", "Attr", "DatasetSpec", "FileState", "dataset_key", "split_key",
+    "partial_path", "read_state",
 ]
 
 INDEX = "index"
 TARGET = "target"
+OFFSETS = "offsets"
+INPUT_IDS = "input_ids"
+POSITIONS = "positions"
+DOCUMENT = "document"
+TOKEN_ROWS = "token"  # the rows attr of a dataset with one row per stored token
 
 
 class Hook(str, Enum):
@@ -63,8 +75,10 @@ class Attr:
     SHARD_INDEX = "shard_index"
     SHARD_COUNT = "shard_count"
     MERGED_FROM = "merged_from"
+    MERGED_ORDER = "merged_order"  # "dataset", or "shards" (text runs: shard after shard)
     DATA_FINGERPRINT = "data_fingerprint"
     MODEL_FINGERPRINT = "model_fingerprint"
+    TOKENS = "tokens"  # how token layouts became rows: all, first, last, mean
     # each "<layer>/<kind>" dataset
     LAYER = "layer"
     HOOK = "hook"
@@ -72,6 +86,8 @@ class Attr:
     REDUCE = "reduce"
     DTYPE = "dtype"
     TUPLE_POSITION = "tuple_position"
+    ROWS = "rows"  # "token" for a dataset with one row per stored token (else one per sample)
+    KEYWORD = "keyword"  # the input was given by this keyword (Llama's hidden_states=...)
 
 
 def dataset_key(layer: str, kind: str) -> str:
@@ -100,10 +116,16 @@ class DatasetSpec:
     dtype: str
     attrs: dict = field(default_factory=dict)
     compressible: bool = True  # index and target stay unfiltered, like the rows' bookkeeping
+    per_token: bool = False  # one row per stored token instead of one per sample
+
+    @property
+    def stored_dtype(self) -> str:
+        """The HDF5 type: bfloat16, which HDF5 lacks, as its raw 16 bits."""
+        return "uint16" if self.dtype == "bfloat16" else self.dtype
 
     @property
     def row_bytes(self) -> int:
-        return np.dtype(self.dtype).itemsize * math.prod(self.row_shape)
+        return np.dtype(self.stored_dtype).itemsize * math.prod(self.row_shape)
 
 
 @dataclass(frozen=True)

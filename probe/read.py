@@ -20,7 +20,9 @@ from probe.errors import ConfigError, DataError, OutputError
 from probe.format import (
     HOOK_OF_KIND,
     INDEX,
+    OFFSETS,
     TARGET,
+    TOKEN_ROWS,
     Attr,
     dataset_key,
     partial_path,
@@ -197,17 +199,46 @@ class FeatureFile(Mapping):
             KeyError: the file does not hold ``key``.
             IndexError: a row number is out of range.
         """
-        from probe.rows import RowLoader
+        from probe.rows import RowLoader, TokenTargets
 
-        return RowLoader(self[key], self.target, num_rows=self.num_rows, batch_size=batch_size,
+        target = self.target
+        if self.per_token(key):  # a token row's target is its sample's
+            num_rows = int(self.offsets[-1])
+            target = None if target is None else TokenTargets(target, self.offsets)
+        else:
+            num_rows = self.num_rows
+        return RowLoader(self[key], target, num_rows=num_rows, batch_size=batch_size,
                          shuffle=shuffle, seed=seed, rows=rows)
 
-    def __getitem__(self, key: str) -> h5py.Dataset:
+    def __getitem__(self, key: str) -> h5py.Dataset | BFloat16Rows:
         """The h5py dataset (lazy: slice it to read); of a partial file, only the first
-        ``num_rows`` rows are committed."""
+        ``num_rows`` rows (their token rows, for rows per token) are committed. A dataset
+        stored as bfloat16 reads as float32, exactly."""
         if key not in self._file or not isinstance(self._file[key], h5py.Dataset):
             raise KeyError(f"{key!r} is not in {self.path}; it holds {list(self)}")
-        return self._file[key]
+        dataset = self._file[key]
+        if dataset.attrs.get(Attr.DTYPE) == "bfloat16" and dataset.dtype == np.uint16:
+            return BFloat16Rows(dataset)
+        return dataset
+
+    def per_token(self, key: str) -> bool:
+        """Whether ``key`` holds one row per stored token (else one per sample)."""
+        return self[key].attrs.get(Attr.ROWS) == TOKEN_ROWS
+
+    @property
+    def offsets(self) -> np.ndarray | None:
+        """For rows per token: sample i's rows are ``offsets[i]:offsets[i+1]`` (None else)."""
+        return self._file[OFFSETS][: self.num_rows + 1] if OFFSETS in self._file else None
+
+    def rows_of(self, key: str, sample: int) -> np.ndarray:
+        """The rows of the file's ``sample``-th sample (``index[sample]`` in the dataset): its
+        token rows for a dataset with rows per token, else its one row."""
+        if not 0 <= sample < self.num_rows:
+            raise IndexError(f"sample {sample} is out of range: the file has {self.num_rows}")
+        if self.per_token(key):
+            start, stop = self._file[OFFSETS][sample:sample + 2]
+            return self[key][int(start):int(stop)]
+        return self[key][sample]
 
     @property
     def index(self) -> np.ndarray:
@@ -229,6 +260,26 @@ class FeatureFile(Mapping):
     def __repr__(self) -> str:
         state = "complete" if self.complete else "partial"
         return f"FeatureFile({str(self.path)!r}, {self.num_rows} rows, {state}, {self.features})"
+
+
+class BFloat16Rows:
+    """A dataset stored as the raw bits of bfloat16 (HDF5 has no such type), read as float32:
+    every bfloat16 value is a float32 value, so nothing is rounded."""
+
+    def __init__(self, dataset: h5py.Dataset):
+        self.dataset = dataset
+        self.shape, self.chunks, self.attrs = dataset.shape, dataset.chunks, dataset.attrs
+        self.ndim, self.dtype = dataset.ndim, np.dtype(np.float32)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key) -> np.ndarray:
+        bits = np.asarray(self.dataset[key], dtype=np.uint16)
+        return (bits.astype(np.uint32) << 16).view(np.float32)
+
+    def __repr__(self) -> str:
+        return f"<bfloat16 rows read as float32 {self.shape} of {self.dataset.name}>"
 
 
 def _missing_sources(f: h5py.File, path: Path) -> list[str]:

@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 import torch
 
-__all__ = ["RowLoader", "row_blocks"]
+__all__ = ["RowLoader", "TokenTargets", "row_blocks"]
 
 
 def row_blocks(dataset: h5py.Dataset, num_rows: int, min_rows: int = 1) -> list[tuple[int, int]]:
@@ -112,6 +112,22 @@ class RowLoader:
             if self.target is not None:
                 ys.append(self.target[start:stop][keep])
         return np.concatenate(xs), (np.concatenate(ys) if self.target is not None else None)
+
+
+class TokenTargets:
+    """Per-token targets, without a copy per token: row r's target is that of the sample whose
+    token rows ``offsets[i]:offsets[i+1]`` hold r. Slice it as an array of length offsets[-1]."""
+
+    def __init__(self, target: np.ndarray, offsets: np.ndarray):
+        self.target, self.offsets = target, offsets
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        start, stop, _ = rows.indices(len(self))
+        samples = np.searchsorted(self.offsets, np.arange(start, stop), side="right") - 1
+        return self.target[samples]
 
 
 def _row_mask(rows, num_rows: int) -> np.ndarray:

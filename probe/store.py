@@ -5,6 +5,9 @@ at the output path is always finished. Rows are made durable by ``commit`` (the 
 attr is updated and the file flushed); a later run with the same config resumes after them. The
 datasets are created when the store opens, from the shapes the run's dry run found; names and
 attrs follow probe.format.
+
+Text runs also store rows per token: the store then keeps ``offsets`` (sample i's token rows are
+``offsets[i]:offsets[i+1]``), and a sample counts as committed once all its token rows are.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import numpy as np
 import torch
 
 from probe.errors import ConfigError
-from probe.format import INDEX, TARGET, Attr, DatasetSpec, partial_path
+from probe.format import INDEX, OFFSETS, TARGET, TOKEN_ROWS, Attr, DatasetSpec, partial_path
 
 __all__ = ["Store", "chunk_shape", "filter_options"]
 
@@ -101,10 +104,10 @@ class Store:
 
     def __init__(self, path: Path, *, config_yaml: str, num_rows: int,
                  datasets: Mapping[str, DatasetSpec], has_target: bool = True,
-                 resume_from: int = 0, compression: str = "none",
+                 num_tokens: int | None = None, resume_from: int = 0, compression: str = "none",
                  compression_level: int | None = None, attrs: Mapping | None = None,
                  locking: bool | str | None = None):
-        self.path, self.num_rows = Path(path), num_rows
+        self.path, self.num_rows, self.num_tokens = Path(path), num_rows, num_tokens
         self.filter = filter_options(compression, compression_level)
         self.partial = partial_path(self.path)
         self.created = resume_from == 0
@@ -115,6 +118,8 @@ class Store:
         self._file = h5py.File(self.partial, "w" if self.created else "r+", locking=locking,
                                rdcc_nbytes=cache, rdcc_w0=1.0)
         self.num_committed = self.num_written = resume_from
+        # with token rows: the offsets of the samples written so far (num_written + 1 of them)
+        self._offsets = np.zeros(1, dtype=np.int64)
         # compressed dataset -> (first row, rows) waiting for their chunk to fill
         self._pending: dict[str, tuple[int, np.ndarray]] = {}
         try:
@@ -122,6 +127,8 @@ class Store:
                 self._start(config_yaml, has_target, datasets, attrs or {})
             else:
                 self._truncate(resume_from)
+            self._per_token = {key for key in self._dataset_names()
+                               if self._file[key].attrs.get(Attr.ROWS) == TOKEN_ROWS}
         except BaseException:
             self.close()
             raise
@@ -155,48 +162,72 @@ class Store:
             bookkeeping[TARGET] = DatasetSpec((), "int64", compressible=False)
         for name, spec in {**bookkeeping, **datasets}.items():
             self._create(name, spec)
+        if self.num_tokens is not None:
+            offsets = self._create(OFFSETS, DatasetSpec((), "int64", compressible=False))
+            _append_rows(offsets, 0, 1, self._offsets)
 
     def _create(self, name: str, spec: DatasetSpec) -> h5py.Dataset:
-        dtype = np.dtype(spec.dtype)
+        dtype = np.dtype(spec.stored_dtype)
         options = self.filter if spec.compressible else {}
         if not options:
             # without a fill value to write first, HDF5 may write a new chunk directly (no cache);
             # every row is written before it is read, so the fill value would never be seen
             options = {"fill_time": "never"}
+        rows = self.num_tokens if spec.per_token else self.num_rows
         dataset = self._file.create_dataset(
             name, shape=(0, *spec.row_shape), maxshape=(None, *spec.row_shape), dtype=dtype,
-            chunks=chunk_shape(spec.row_shape, dtype.itemsize, self.num_rows,
+            chunks=chunk_shape(spec.row_shape, dtype.itemsize, max(1, rows),
                                compressed="compression" in options), **options)
-        for key, value in spec.attrs.items():
+        attrs = {**spec.attrs, **({Attr.ROWS: TOKEN_ROWS} if spec.per_token else {})}
+        for key, value in attrs.items():
             dataset.attrs[key] = attr_value(value)
         return dataset
 
     def _truncate(self, rows: int) -> None:
         # rows past the last commit may be torn by the crash that ended the previous attempt
-        for dataset in self._datasets():
-            dataset.resize(rows, axis=0)
+        if OFFSETS in self._file:
+            self._offsets = self._file[OFFSETS][: rows + 1]
+        for name in self._dataset_names():
+            dataset = self._file[name]
+            if name == OFFSETS:
+                dataset.resize(rows + 1, axis=0)
+            else:
+                per_token = dataset.attrs.get(Attr.ROWS) == TOKEN_ROWS
+                dataset.resize(int(self._offsets[-1]) if per_token else rows, axis=0)
 
-    def _datasets(self) -> list[h5py.Dataset]:
-        found: list[h5py.Dataset] = []
-        self._file.visititems(lambda _, obj: found.append(obj) if isinstance(obj, h5py.Dataset)
-                              else None)
+    def _dataset_names(self) -> list[str]:
+        found: list[str] = []
+        self._file.visititems(lambda name, obj: found.append(name)
+                              if isinstance(obj, h5py.Dataset) else None)
         return found
 
+    @property
+    def tokens_written(self) -> int:
+        return int(self._offsets[-1])
+
     def append(self, index: torch.Tensor, target: torch.Tensor | None,
-               values: Mapping[str, torch.Tensor | np.ndarray]) -> None:
-        """Write one batch of rows after the ones already written."""
+               values: Mapping[str, torch.Tensor | np.ndarray],
+               lengths: torch.Tensor | np.ndarray | None = None) -> None:
+        """Write one batch of rows after the ones already written; ``lengths`` (the token rows
+        of each sample) for a run with rows per token."""
         start, stop = self.num_written, self.num_written + len(index)
         if stop > self.num_rows:
             raise ValueError(f"{stop} rows would exceed the run's {self.num_rows}")
+        token_start = self.tokens_written
+        if self.num_tokens is not None:
+            ends = token_start + np.cumsum(np.asarray(lengths, dtype=np.int64))
+            _append_rows(self._file[OFFSETS], start + 1, stop + 1, ends)
+            self._offsets = np.concatenate([self._offsets, ends])
         for key, value in values.items():
-            array = value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
-            self._write_rows(key, start, array)
+            first, total = ((token_start, self.num_tokens) if key in self._per_token
+                            else (start, self.num_rows))
+            self._write_rows(key, first, _as_array(value), total)
         _append_rows(self._file[INDEX], start, stop, np.asarray(index))
         if TARGET in self._file:
             _append_rows(self._file[TARGET], start, stop, np.asarray(target))
         self.num_written = stop
 
-    def _write_rows(self, key: str, start: int, array: np.ndarray) -> None:
+    def _write_rows(self, key: str, start: int, array: np.ndarray, total: int) -> None:
         dataset = self._file[key]
         if not dataset.id.get_create_plist().get_nfilters():
             # HDF5 writes just these rows' bytes; committed ones are not touched
@@ -209,7 +240,7 @@ class Store:
             first, waiting = self._pending.pop(key)
             start, array = first, np.concatenate([waiting, array])
         stop = start + len(array)
-        ready = stop if stop == self.num_rows else stop - stop % dataset.chunks[0]
+        ready = stop if stop == total else stop - stop % dataset.chunks[0]
         if ready > start:
             _append_rows(dataset, start, ready, array[: ready - start])
         if ready < stop:
@@ -217,8 +248,13 @@ class Store:
 
     def commit(self) -> None:
         """Make the rows written so far durable (a resumed run continues after them), except
-        compressed rows still waiting for their chunk to fill."""
-        durable = min((first for first, _ in self._pending.values()), default=self.num_written)
+        compressed rows still waiting for their chunk to fill: a sample counts once all its
+        rows are in the file."""
+        durable = self.num_written
+        for key, (first, _) in self._pending.items():
+            if key in self._per_token:  # the samples whose token rows all lie before `first`
+                first = int(np.searchsorted(self._offsets, first, side="right")) - 1
+            durable = min(durable, first)
         self._file.attrs[Attr.NUM_COMMITTED] = durable
         self._file.flush()
         self.num_committed = durable
@@ -227,6 +263,9 @@ class Store:
         """Mark the file complete and move it to its final path."""
         if self.num_written != self.num_rows:
             raise RuntimeError(f"finish() after {self.num_written} of {self.num_rows} rows")
+        if self.num_tokens is not None and self.tokens_written != self.num_tokens:
+            raise RuntimeError(f"finish() after {self.tokens_written} of {self.num_tokens} "
+                               "token rows")
         self._file.attrs[Attr.COMPLETE] = True
         self.commit()
         self._file.close()
@@ -248,6 +287,14 @@ def attr_value(value):
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return np.array(value, dtype=h5py.string_dtype())
     return str(value) if isinstance(value, str) else value
+
+
+def _as_array(value: torch.Tensor | np.ndarray) -> np.ndarray:
+    if not isinstance(value, torch.Tensor):
+        return np.asarray(value)
+    if value.dtype == torch.bfloat16:  # stored as its raw bits: numpy has no bfloat16
+        return value.view(torch.int16).numpy().view(np.uint16)
+    return value.numpy()
 
 
 def _append_rows(dataset: h5py.Dataset, start: int, stop: int, array: np.ndarray) -> None:

@@ -8,6 +8,7 @@ import functools
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -25,6 +26,11 @@ from probe.config import CONFIG_DIR
 from tests.tiny import PacedImages, TinyNet  # noqa: F401  (shared with the test modules)
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Hugging Face libraries read these at import: any download must fail loudly, and nothing may
+# be written to the user's cache
+os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="probe-tests-hf-")
 
 # Small enough for 2 CPU cores: 32 px images, a handful of samples.
 TINY = ["dataset.image_size=32", "dataset.num_samples=6", "batch_size=4"]
@@ -54,6 +60,14 @@ def make_cfg(tmp_path):
 def run_with(cfg, *, model: nn.Module | None = None, dataset=None) -> Path:
     """``probe.run(cfg)`` with this model or dataset instead of the config's."""
     return probe.execute(probe.plan(cfg, model=model, dataset=dataset))
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tmp_path_factory) -> Path:
+    """A 2-block GPT-2, 32 wide, and its tokenizer, saved in a folder (model.name=<it>)."""
+    from tests.tiny_text import tiny_gpt2
+
+    return tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"))
 
 
 def seeded_checkpoint(directory: Path, name: str, seed: int = 0) -> Path:

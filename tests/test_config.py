@@ -17,14 +17,17 @@ DATASETS = sorted(p.stem for p in (CONFIG_DIR / "dataset").glob("*.yaml"))
 
 
 def test_the_groups_that_the_design_promises_exist():
-    assert {"vgg16", "resnet18", "resnet50", "vit_b_16", "torchvision", "custom"} <= set(MODELS)
-    assert {"synthetic", "imagefolder", "cifar10"} <= set(DATASETS)
+    assert {"vgg16", "resnet18", "resnet50", "vit_b_16", "torchvision", "custom",
+            "transformers"} <= set(MODELS)
+    assert {"synthetic", "imagefolder", "cifar10", "text"} <= set(DATASETS)
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_every_model_config_instantiates(make_cfg, name):
+def test_every_model_config_instantiates(make_cfg, request, name):
     extra = {"torchvision": ["model.name=alexnet"],
              "custom": ["model._target_=tests.tiny.TinyNet"]}.get(name, [])
+    if name == "transformers":
+        extra = [f"model.name={request.getfixturevalue('tiny_lm')}"]
     model = build_model(make_cfg(f"model={name}", *extra))
     assert isinstance(model, torch.nn.Module) and not model.training
 
@@ -54,7 +57,7 @@ def _cifar_tree(root):
 
 
 @pytest.mark.parametrize("name", DATASETS)
-def test_every_dataset_config_instantiates(make_cfg, tmp_path, monkeypatch, name):
+def test_every_dataset_config_instantiates(make_cfg, tmp_path, monkeypatch, request, name):
     extra = ["dataset.image_size=32"] if name == "synthetic" else []
     if name == "imagefolder":
         extra = [f"dataset.root={_image_tree(tmp_path / 'images')}", "dataset.image_size=32"]
@@ -65,8 +68,17 @@ def test_every_dataset_config_instantiates(make_cfg, tmp_path, monkeypatch, name
         monkeypatch.setattr(CIFAR10, "_check_integrity", lambda self: True)
         monkeypatch.setattr(cifar, "check_integrity", lambda *args: True)
         extra = [f"dataset.root={_cifar_tree(tmp_path / 'cifar')}"]
+    elif name == "text":
+        from tests.tiny_text import documents, write_jsonl
+
+        docs = write_jsonl(tmp_path / "docs.jsonl", documents(3))
+        extra = [f"dataset.path={docs}", f"dataset.tokenizer={request.getfixturevalue('tiny_lm')}"]
     cfg = make_cfg(f"dataset={name}", *extra)
     dataset = instantiate(cfg.dataset)
+    if name == "text":
+        item = dataset[0]
+        assert item["input_ids"].dtype == torch.int64 and item["keep"].all()
+        return
     image, target = dataset[0]
     assert image.shape[0] == 3 and image.shape[-1] == 32 and isinstance(target, int)
 

@@ -83,6 +83,12 @@ def fit_probes(path: str | Path, keys: list[str] | None = None, *,
             raise ConfigError(f"every row of {str(f.path)!r} has target {classes[0]}; a probe "
                               "needs at least two classes")
         selected = _select_keys(f, keys)
+        token_rows = [key for key in selected if f.per_token(key)]
+        if token_rows:
+            raise ConfigError(
+                f"{', '.join(token_rows)} hold one row per token (tokens=all), and a probe here "
+                "fits one row per sample; run probe with tokens=last or tokens=mean"
+            )
         _warn_about_label_gradients(f, selected)
         splits = _splits(f.num_rows, test_fraction, folds, seed)
         train = dict(epochs=int(epochs), batch_size=int(batch_size), lr=float(lr),

@@ -2,8 +2,10 @@
 
 Each shard file holds the rows ``i % count == index`` of the same config. The merged file maps
 its datasets onto the shard files through HDF5 virtual datasets (no copy; keep the shard files
-beside it), or with ``--copy`` holds the values itself. Its rows are in global index order and
-it has the layout and attrs of a normal file, so plain h5py and ``probe.open`` read it.
+beside it), or with ``--copy`` holds the values itself. It has the layout and attrs of a normal
+file, so plain h5py and ``probe.open`` read it. Its rows are in dataset order; those of a text
+run (rows per token) come shard after shard instead, each shard in dataset order, with
+``/offsets`` rewritten and ``/index`` saying which sample each row is (attr merged_order).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import yaml
 
 from probe.config import differing_keys
 from probe.errors import OutputError
-from probe.format import INDEX, TARGET, Attr, partial_path, read_state
+from probe.format import INDEX, OFFSETS, TARGET, Attr, partial_path, read_state
 from probe.store import chunk_shape, filter_options
 
 __all__ = ["merge", "missing_value"]
@@ -117,6 +119,9 @@ def _check_shards(infos: list[dict]) -> None:
 
 def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool) -> None:
     total = sum(info["rows"] for info in infos)
+    # Rows per token (text runs): shard after shard. Interleaving documents of many lengths would
+    # take one virtual mapping per document; this way each dataset maps one block per shard.
+    by_shard = OFFSETS in infos[0]["datasets"]
     attrs = dict(infos[0]["attrs"])
     config = dict(infos[0]["config"])
     config["shard"] = {"index": 0, "count": 1}
@@ -124,29 +129,70 @@ def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool) 
                   Attr.NUM_SAMPLES: total, Attr.NUM_COMMITTED: total, Attr.COMPLETE: True,
                   Attr.SHARD_INDEX: 0, Attr.SHARD_COUNT: 1,
                   Attr.MERGED_FROM: np.array([str(i["path"]) for i in infos],
-                                             dtype=h5py.string_dtype())})
+                                             dtype=h5py.string_dtype()),
+                  Attr.MERGED_ORDER: "shards" if by_shard else "dataset"})
     f.attrs.update(attrs)
     output = config.get("output") or {}
-    for name, (shape, dtype, dataset_attrs) in infos[0]["datasets"].items():
-        full_shape = (total, *shape[1:])
-        if name in (INDEX, TARGET) or copy:
-            compressed = name not in (INDEX, TARGET)
-            options = filter_options(output.get("compression", "none"),
-                                     output.get("compression_level")) if compressed else {}
+    for name, (_, dtype, dataset_attrs) in infos[0]["datasets"].items():
+        shapes = [info["datasets"][name][0] for info in infos]
+        full_shape = (sum(shape[0] for shape in shapes) - (len(infos) - 1) * (name == OFFSETS),
+                      *shapes[0][1:])
+        bookkeeping = name in (INDEX, TARGET, OFFSETS)
+        if bookkeeping or copy:
+            options = {} if bookkeeping else filter_options(output.get("compression", "none"),
+                                                            output.get("compression_level"))
             dataset = f.create_dataset(
                 name, shape=full_shape, dtype=dtype, **options,
-                chunks=chunk_shape(full_shape[1:], dtype.itemsize, total,
+                chunks=chunk_shape(full_shape[1:], dtype.itemsize, max(1, full_shape[0]),
                                    compressed=bool(options)))
-            _copy_rows(dataset, name, infos)
+            if name == OFFSETS:
+                dataset[:] = _merged_offsets(infos)
+            elif by_shard:
+                _copy_shards(dataset, name, infos)
+            else:
+                _copy_rows(dataset, name, infos)
         else:
             layout = h5py.VirtualLayout(shape=full_shape, dtype=dtype)
-            for info in infos:
+            start = 0
+            for info, shape in zip(infos, shapes, strict=True):
                 # relative paths, so the merged file and its shards can move together
-                source = os.path.relpath(info["path"], directory)
-                layout[info["index"]::len(infos)] = h5py.VirtualSource(
-                    source, name, shape=(info["rows"], *shape[1:]))
+                source = h5py.VirtualSource(os.path.relpath(info["path"], directory), name,
+                                            shape=shape)
+                if by_shard:
+                    layout[start:start + shape[0]] = source
+                    start += shape[0]
+                else:
+                    layout[info["index"]::len(infos)] = source
             dataset = f.create_virtual_dataset(name, layout, fillvalue=missing_value(dtype))
         dataset.attrs.update(dataset_attrs)
+
+
+def _merged_offsets(infos: list[dict]) -> np.ndarray:
+    parts, shift = [], 0
+    for info in infos:
+        with h5py.File(info["path"], "r") as shard:
+            offsets = shard[OFFSETS][:]
+        parts.append(offsets[:-1] + shift)
+        shift += int(offsets[-1])
+    return np.concatenate([*parts, [shift]])
+
+
+def _copy_shards(dataset: h5py.Dataset, name: str, infos: list[dict]) -> None:
+    # shard after shard, a block of rows at a time
+    start = 0
+    for info in infos:
+        with h5py.File(info["path"], "r") as shard:
+            source = shard[name]
+            for first, last in _blocks(dataset, source.shape[0]):
+                dataset[start + first:start + last] = source[first:last]
+            start += source.shape[0]
+
+
+def _blocks(dataset: h5py.Dataset, total: int) -> list[tuple[int, int]]:
+    # whole chunks of the output adding up to about _COPY_BLOCK_BYTES
+    row_bytes = max(1, dataset.dtype.itemsize * int(np.prod(dataset.shape[1:])))
+    rows = dataset.chunks[0] * max(1, _COPY_BLOCK_BYTES // (row_bytes * dataset.chunks[0]))
+    return [(start, min(start + rows, total)) for start in range(0, total, rows)]
 
 
 def missing_value(dtype: np.dtype):
@@ -158,13 +204,10 @@ def missing_value(dtype: np.dtype):
 def _copy_rows(dataset: h5py.Dataset, name: str, infos: list[dict]) -> None:
     # Row g of the merged file is row g // count of shard g % count. Copy a block of whole
     # output chunks at a time, so memory stays bounded by the block, not the dataset.
-    count, total = len(infos), dataset.shape[0]
-    row_bytes = max(1, dataset.dtype.itemsize * int(np.prod(dataset.shape[1:])))
-    rows = dataset.chunks[0] * max(1, _COPY_BLOCK_BYTES // (row_bytes * dataset.chunks[0]))
+    count = len(infos)
     with contextlib.ExitStack() as stack:
         shards = [stack.enter_context(h5py.File(info["path"], "r"))[name] for info in infos]
-        for start in range(0, total, rows):
-            stop = min(start + rows, total)
+        for start, stop in _blocks(dataset, dataset.shape[0]):
             block = np.empty((stop - start, *dataset.shape[1:]), dataset.dtype)
             for k, source in enumerate(shards):
                 first = (start - k + count - 1) // count  # the shard's first row in the block

@@ -1,0 +1,243 @@
+"""Text corpora as datasets of token sequences: ``dataset=text dataset.path=docs.jsonl``.
+
+Files are read with Hugging Face ``datasets`` (a .txt file holds one document per line; .jsonl,
+.json, .csv and .parquet hold a text column; a folder holds files of one of these kinds) or a
+dataset is taken from the Hub by name and split. Documents are tokenized by the model's own
+tokenizer (``transformers.AutoTokenizer``), before any compute, so that a run knows its exact
+number of rows.
+
+Two ways to cut a corpus into samples:
+
+- one document per sample (default), truncated to ``max_length`` tokens (how many were is
+  logged and recorded in the file);
+- ``packing=true``: documents joined with the tokenizer's end-of-text token, cut into windows
+  of ``max_length`` tokens (the last window may be shorter): no padding, nothing truncated.
+  Each window is a sample; ``/document`` records which document each token came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from probe.errors import ConfigError, DataError
+from probe.text.feed import TextFeed
+
+__all__ = ["TextDataset"]
+
+log = logging.getLogger(__name__)
+
+# file suffix -> the `datasets` builder that reads it
+_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".csv": "csv",
+             ".parquet": "parquet"}
+_TOKENIZE_BATCH = 1000  # documents per call of the (fast, Rust) tokenizer
+
+
+class TextDataset(Dataset):
+    """Tokenized documents: item i is ``{"input_ids", "keep", "target", "document"}``.
+
+    Example::
+
+        data = TextDataset(path="docs.jsonl", tokenizer="gpt2", max_length=128)
+        item = data[0]      # input_ids (L,) int64, keep (L,) bool: positions whose rows are
+                            # stored; target: int (-1 without label_column)
+
+    Raises:
+        DataError: a path that does not exist, a file kind ``datasets`` cannot read.
+        ConfigError: a column that is not in the data, labels that are not integers, a
+            tokenizer that cannot be loaded, packing without an end-of-text token.
+    """
+
+    feed = TextFeed()
+
+    def __init__(self, path: str | None = None, name: str | None = None, split: str = "train",
+                 column: str = "text", label_column: str | None = None, max_length: int = 128,
+                 tokenizer: str | None = None, packing: bool = False,
+                 exclude_special: bool = False):
+        if int(max_length) < 1:
+            raise ConfigError(f"dataset.max_length={max_length} must be at least 1")
+        self.max_length, self.packing = int(max_length), bool(packing)
+        self.exclude_special = bool(exclude_special)
+        self.files = _files(path) if path is not None else []
+        self.source = str(path) if path is not None else f"{name}:{split}"
+        self.tokenizer_name = _required(tokenizer, "tokenizer", "the model's name or folder")
+        self.tokenizer = _tokenizer(self.tokenizer_name)
+        self.rows = _load(self.files, name, split)
+        self.column = _column(self.rows, column, "column", self.source)
+        self.labels = None if label_column is None else _labels(self.rows, str(label_column),
+                                                                self.source)
+        if self.packing and self.labels is not None:
+            raise ConfigError("dataset.label_column with dataset.packing=true: a window holds "
+                              "several documents, so it has no one label; use packing=false")
+        self.special = np.asarray(sorted(self.tokenizer.all_special_ids), dtype=np.int64)
+        self.truncated: set[int] = set()
+        self._ids: dict[int, np.ndarray] = {}  # document -> token ids, tokenized on demand
+        self._windows: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        if self.packing:
+            self._windows = self._pack()
+
+    def __len__(self) -> int:
+        return len(self._windows[2]) - 1 if self.packing else len(self.rows)
+
+    def __getitem__(self, index: int) -> dict:
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} samples")
+        if self.packing:
+            tokens, documents, starts = self._windows
+            ids = tokens[starts[index]:starts[index + 1]]
+            document = torch.from_numpy(documents[starts[index]:starts[index + 1]])
+            target = -1
+        else:
+            ids = self.tokens([index])[0]
+            document = None
+            target = -1 if self.labels is None else int(self.labels[index])
+        keep = ~np.isin(ids, self.special) if self.exclude_special else np.ones(len(ids), bool)
+        return {"input_ids": torch.from_numpy(ids.astype(np.int64)),
+                "keep": torch.from_numpy(keep), "target": target, "document": document}
+
+    def tokens(self, indices: list[int]) -> list[np.ndarray]:
+        """The token ids of documents ``indices``, tokenizing those not seen yet."""
+        todo = [i for i in dict.fromkeys(indices) if i not in self._ids]
+        for start in range(0, len(todo), _TOKENIZE_BATCH):
+            batch = todo[start:start + _TOKENIZE_BATCH]
+            texts = self.rows[batch][self.column]
+            ids = self.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
+            long = [n for n, row in enumerate(ids) if len(row) > self.max_length]
+            if long:  # again with the tokenizer's own truncation, which keeps end tokens
+                cut = self.tokenizer([texts[n] for n in long], add_special_tokens=True,
+                                     truncation=True, max_length=self.max_length)["input_ids"]
+                for n, row in zip(long, cut, strict=True):
+                    ids[n] = row
+                self.truncated.update(batch[n] for n in long)
+            self._ids.update({i: np.asarray(row, dtype=np.int32) for i, row in zip(batch, ids,
+                                                                                 strict=True)})
+        return [self._ids[i] for i in indices]
+
+    def stored_lengths(self, indices: list[int]) -> np.ndarray:
+        """How many token rows each of these samples stores."""
+        if self.packing:
+            tokens, _, starts = self._windows
+            windows = [tokens[starts[i]:starts[i + 1]] for i in indices]
+        else:
+            windows = self.tokens(indices)
+            if self.truncated:
+                log.info("%d of %d documents are longer than dataset.max_length=%d tokens and "
+                         "were truncated", len(self.truncated & set(indices)), len(indices),
+                         self.max_length)
+        if not self.exclude_special:
+            return np.asarray([len(w) for w in windows], dtype=np.int64)
+        return np.asarray([int((~np.isin(w, self.special)).sum()) for w in windows],
+                          dtype=np.int64)
+
+    def fingerprint(self) -> dict:
+        """The files (relative paths and sizes) or the Hub dataset, and the tokenizer."""
+        if self.files:
+            root = os.path.commonpath([str(f.parent) for f in self.files])
+            lines = sorted(f"{os.path.relpath(f, root)}:{f.stat().st_size}" for f in self.files)
+        else:
+            lines = [self.source, str(getattr(self.rows, "_fingerprint", ""))]
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        vocab = backend.to_str() if backend is not None else str(sorted(
+            self.tokenizer.get_vocab().items()))
+        return {"text_files": _digest("\n".join(lines)), "tokenizer": _digest(vocab)}
+
+    def _pack(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # every document, then the end-of-text token, in one stream cut into windows
+        separator = self.tokenizer.eos_token_id
+        if separator is None:
+            separator = self.tokenizer.sep_token_id
+        if separator is None:
+            raise ConfigError(f"dataset.packing=true needs an end-of-text token, and the "
+                              f"tokenizer {self.tokenizer_name!r} has none (no eos_token, no "
+                              "sep_token); use packing=false")
+        tokens, documents = [], []
+        for start in range(0, len(self.rows), _TOKENIZE_BATCH):
+            texts = self.rows[start:start + _TOKENIZE_BATCH][self.column]
+            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            for n, row in enumerate(ids):
+                tokens.append(np.asarray([*row, separator], dtype=np.int32))
+                documents.append(np.full(len(row) + 1, start + n, dtype=np.int64))
+        stream = np.concatenate(tokens) if tokens else np.zeros(0, np.int32)
+        starts = np.append(np.arange(0, len(stream), self.max_length), len(stream))
+        return stream, np.concatenate(documents) if documents else np.zeros(0, np.int64), starts
+
+
+def _required(value, key: str, what: str) -> str:
+    if value is None or str(value) == "":
+        raise ConfigError(f"dataset.{key} is not set; set dataset.{key}=<{what}>")
+    return str(value)
+
+
+def _files(path: str) -> list[Path]:
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise DataError(f"dataset.path={path!r}: no such file or folder")
+    files = sorted(p for p in root.rglob("*") if p.suffix in _BUILDERS) if root.is_dir() else [root]
+    if not files:
+        raise DataError(f"dataset.path={path!r} holds no {', '.join(_BUILDERS)} files")
+    kinds = {_BUILDERS.get(f.suffix) for f in files}
+    if None in kinds:
+        raise DataError(f"dataset.path={path!r}: cannot read {files[0].suffix or 'files without a'}"
+                        f" suffix; use {', '.join(_BUILDERS)}")
+    if len(kinds) > 1:
+        raise DataError(f"dataset.path={path!r} mixes kinds of files ({', '.join(sorted(kinds))}"
+                        "); keep one kind per folder")
+    return files
+
+
+def _load(files: list[Path], name: str | None, split: str):
+    import datasets
+
+    datasets.disable_progress_bars()
+    if files:
+        builder = _BUILDERS[files[0].suffix]
+        rows = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
+        if builder == "text":  # one document per line: blank lines are not documents
+            rows = rows.filter(lambda row: bool(row["text"].strip()))
+        return rows
+    if name is None:
+        raise ConfigError("dataset=text needs dataset.path (a file or folder) or dataset.name "
+                          "(a Hugging Face dataset) with dataset.split")
+    try:
+        return datasets.load_dataset(str(name), split=str(split))
+    except (FileNotFoundError, ConnectionError, OSError) as err:
+        first = str(err).strip().splitlines()[0]
+        raise DataError(f"dataset.name={name!r}, split={split!r}: cannot load it ({first}); "
+                        "offline, only datasets already in the Hugging Face cache load") from None
+
+
+def _column(rows, column: str, key: str, source: str) -> str:
+    if column not in rows.column_names:
+        raise ConfigError(f"dataset.{key}={column!r} is not a column of {source}; it has "
+                          f"{', '.join(rows.column_names)}")
+    return column
+
+
+def _labels(rows, column: str, source: str) -> np.ndarray:
+    _column(rows, column, "label_column", source)
+    values = np.asarray(rows[column])
+    if values.dtype.kind not in "iub":
+        raise ConfigError(f"dataset.label_column={column!r} holds {values.dtype} values; it must "
+                          "hold integer class numbers")
+    return values.astype(np.int64)
+
+
+def _tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as err:
+        first = str(err).strip().splitlines()[0]
+        raise ConfigError(f"dataset.tokenizer={name!r} cannot be loaded ({first}); pass a Hub id "
+                          "in the cache or a folder that save_pretrained wrote") from None
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
