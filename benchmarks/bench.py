@@ -1,7 +1,7 @@
 """probe against the bare model loop and the raw disk write, measured in one process.
 
     python benchmarks/bench.py                 # every case (about 10 minutes on 2 CPU cores)
-    python benchmarks/bench.py --case light    # one case: light, heavy, grad, memory, startup
+    python benchmarks/bench.py --case light    # one: light, heavy, grad, memory, startup, vit
     python benchmarks/bench.py --device cuda --case light --case heavy --case grad   # on a GPU
 
 Each timed case runs probe and its baseline alternately ``--repeat`` times on the same model
@@ -29,7 +29,8 @@ from torch import nn
 
 import probe
 from probe.config import CONFIG_DIR
-from probe.data import SyntheticImages, make_loader
+from probe.data import SyntheticImages
+from probe.feed import TensorFeed
 from probe.format import DatasetSpec
 from probe.store import Store
 
@@ -65,15 +66,17 @@ def _probe_run(model: nn.Module, dataset, overrides: list[str], out: Path) -> fl
 
 
 def _batches(dataset, batch_size: int):
-    return make_loader(dataset, list(range(len(dataset))), batch_size,
-                       pin_memory=DEVICE.type == "cuda")
+    """The images of each batch, as probe's loader makes them."""
+    loader = TensorFeed().loader(dataset, list(range(len(dataset))), batch_size,
+                                 pin_memory=DEVICE.type == "cuda")
+    return (batch.inputs for batch in loader)
 
 
 def _bare_forward(head: nn.Module, dataset, batch_size: int) -> float:
     """The model up to the last hooked layer, keeping nothing."""
     started = time.perf_counter()
     with torch.inference_mode():
-        for _, x, _ in _batches(dataset, batch_size):
+        for x in _batches(dataset, batch_size):
             head(x.to(DEVICE, non_blocking=True))
     _sync()
     return time.perf_counter() - started
@@ -191,7 +194,7 @@ def _bare_grad(model: nn.Module, dataset, batch_size: int) -> float:
     for p in model.parameters():
         p.requires_grad_(False)
     started = time.perf_counter()
-    for _, x, _ in _batches(dataset, batch_size):
+    for x in _batches(dataset, batch_size):
         with torch.no_grad():
             conv = features[:29](x.to(DEVICE, non_blocking=True))
         conv.requires_grad_(True)
@@ -264,8 +267,27 @@ def case_startup(args, directory: Path) -> None:
           f"probe's own share {cli_s - import_s - model_s:.2f} s")
 
 
+def case_vit(args, directory: Path) -> None:
+    """timm's vit_tiny at 224 px, the class token after the middle block (blocks.5 of 12)."""
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224").eval().to(DEVICE)
+    data = SyntheticImages(args.samples * 2, 224)
+
+    def head(x):  # the model's own forward_features, up to blocks.5
+        x = model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(x))))
+        return model.blocks[:6](x)
+
+    overrides = ["model=timm", "model.name=vit_tiny_patch16_224", "layers=[blocks.5]",
+                 "tokens=first", f"batch_size={args.batch}"]
+    p, b = _median_pair(lambda: _probe_run(model, data, overrides, directory / "f.h5"),
+                        lambda: _bare_forward(head, data, args.batch), args.repeat)
+    _report("6 timm ViT blocks.5, class token", p, "bare", b, 1.05)
+
+
 CASES = {"light": case_light, "heavy": case_heavy, "grad": case_grad, "memory": case_memory,
-         "startup": case_startup}
+         "startup": case_startup, "vit": case_vit}
 
 
 def main() -> None:

@@ -32,15 +32,23 @@ def build_model(cfg: DictConfig) -> nn.Module:
 
 
 def build_dataset(cfg: DictConfig) -> Dataset:
-    """The config's dataset.
+    """The config's dataset. With ``dataset.transform=auto``, a model that has its own
+    evaluation preprocessing (named torchvision weights, timm) gives the dataset that
+    transform (probe.preprocess).
 
     Raises:
         ConfigError: a dataset config that cannot be built.
     """
+    if str(cfg.dataset.get("transform", "")) == "auto":
+        from probe.preprocess import model_transform
+
+        transform = model_transform(cfg.model)
+        if transform is not None:
+            return _instantiate(cfg.dataset, "dataset", transform=transform)
     return _instantiate(cfg.dataset, "dataset")
 
 
-def _instantiate(node: DictConfig, what: str):
+def _instantiate(node: DictConfig, what: str, **kwargs):
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
@@ -48,7 +56,7 @@ def _instantiate(node: DictConfig, what: str):
     if missing:
         raise ConfigError(f"{what}.{missing[0]} is not set: add {what}.{missing[0]}=<value>")
     try:
-        return instantiate(node)
+        return instantiate(node, **kwargs)
     except InstantiationException as err:
         cause = err.__cause__
         if isinstance(cause, ProbeError):

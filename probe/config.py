@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
@@ -34,6 +34,7 @@ __all__ = [
     "NEUTRAL_KEYS",
     "differing_keys",
     "check_known_keys",
+    "member",
     "option_name",
     "register_configs",
 ]
@@ -199,6 +200,18 @@ def check_known_keys(cfg: DictConfig, schema: type = ProbeConfig, prefix: str = 
         nested = next((c for c in (ShardConfig, OutputConfig) if kind in (c, c.__name__)), None)
         if nested is not None and isinstance(cfg[key], DictConfig):
             check_known_keys(cfg[key], nested, f"{prefix}{key}.")
+
+
+_E = TypeVar("_E", bound=Enum)
+
+
+def member(enum: type[_E], value: str | _E, label: str) -> _E:
+    """``value`` as a member of ``enum``, looked up by name, or a ConfigError naming them all."""
+    if isinstance(value, enum):
+        return value
+    if str(value) not in enum.__members__:
+        raise ConfigError(f"{label} is unknown; use any of {', '.join(enum.__members__)}")
+    return enum[str(value)]
 
 
 def option_name(value) -> str:

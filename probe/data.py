@@ -8,6 +8,7 @@ them). Shipped here: ``SyntheticImages`` (the embedded default, no files), ``ima
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -81,8 +82,16 @@ def imagenet_transform(image_size: int = 224):
     ])
 
 
-def image_folder(root: str, image_size: int = 224) -> Dataset:
-    """torchvision's ImageFolder (root/<class>/<image>) with the ImageNet evaluation transform.
+def image_folder(root: str, image_size: int = 224,
+                 transform: str | Callable = "auto") -> Dataset:
+    """torchvision's ImageFolder (root/<class>/<image>).
+
+    Args:
+        root: the folder of class subfolders.
+        image_size: the crop of the ImageNet evaluation transform.
+        transform: ``auto`` or ``imagenet`` (the ImageNet evaluation transform at
+            ``image_size``), or a transform (``dataset.transform=auto`` with a model that has
+            its own preprocessing: probe.build passes that model's).
 
     Raises:
         DataError: root does not exist or holds no images in class subfolders.
@@ -96,13 +105,16 @@ def image_folder(root: str, image_size: int = 224) -> Dataset:
             "of class subfolders (root/<class>/<image>)"
         )
     try:
-        return ImageFolder(str(path), transform=imagenet_transform(image_size))
+        return ImageFolder(str(path), transform=_transform(transform,
+                                                           lambda: imagenet_transform(image_size)))
     except FileNotFoundError as err:
         raise DataError(f"dataset.root={str(root)!r}: {err}") from None
 
 
-def cifar10(root: str, train: bool = False, download: bool = False, image_size: int = 32):
-    """torchvision's CIFAR-10, normalised; resized when ``image_size`` is not 32.
+def cifar10(root: str, train: bool = False, download: bool = False, image_size: int = 32,
+            transform: str | Callable = "auto"):
+    """torchvision's CIFAR-10, normalised with the ImageNet statistics and resized when
+    ``image_size`` is not 32; or with ``transform`` when it is one (see image_folder).
 
     Raises:
         DataError: the files are not under root and download is false.
@@ -115,7 +127,7 @@ def cifar10(root: str, train: bool = False, download: bool = False, image_size: 
         steps.insert(0, transforms.Resize(image_size))
     try:
         return CIFAR10(str(Path(root).expanduser()), train=train, download=download,
-                       transform=transforms.Compose(steps))
+                       transform=_transform(transform, lambda: transforms.Compose(steps)))
     except RuntimeError as err:
         if "not found" not in str(err).lower():
             raise
@@ -123,6 +135,16 @@ def cifar10(root: str, train: bool = False, download: bool = False, image_size: 
             f"CIFAR-10 is not under dataset.root={str(root)!r}; put the extracted "
             "cifar-10-batches-py there, or set dataset.download=true to fetch it"
         ) from None
+
+
+def _transform(transform: str | Callable, default: Callable[[], Callable]) -> Callable:
+    # a transform object from probe.build, or the dataset's own for auto and imagenet
+    if callable(transform):
+        return transform
+    if str(transform) not in ("auto", "imagenet"):
+        raise ConfigError(f"dataset.transform={transform!r} is unknown; use auto (the model's own "
+                          "preprocessing) or imagenet")
+    return default()
 
 
 def select_indices(size: int, limit: int | None = None, shard_index: int = 0,

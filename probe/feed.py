@@ -12,6 +12,7 @@ A dataset names its feed in a ``feed`` attribute; ``feed_for`` falls back to Ten
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -110,8 +111,13 @@ class TensorFeed:
         return len(indices)
 
     def attrs(self, dataset: Dataset) -> dict:
-        """Root attrs that say how the data was fed (none for tensors)."""
-        return {}
+        """Root attrs that say how the data was fed: the transform of an image dataset."""
+        transform = getattr(dataset, "transform", None)
+        if transform is None:
+            return {}
+        from probe.preprocess import describe_transform
+
+        return {"transform": json.dumps(describe_transform(transform))}
 
     def describe(self, batch: Batch) -> str:
         """One sample of the batch, in words."""

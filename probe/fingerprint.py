@@ -36,7 +36,14 @@ def model_fingerprint(model: nn.Module) -> dict:
                for name, m in model.named_modules()]
     state = model.state_dict(keep_vars=False)
     parameters = [f"{name}:{tuple(t.shape)}:{t.dtype}" for name, t in state.items()]
-    weights = [f"{name}:{_crc(t):08x}" for name, t in state.items()]
+    checksums: dict[tuple, int] = {}  # tied weights (an embedding and its head) are read once
+    weights = []
+    for name, tensor in state.items():
+        same = (tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape),
+                tensor.stride())
+        if same not in checksums:
+            checksums[same] = _crc(tensor)
+        weights.append(f"{name}:{checksums[same]:08x}")
     code = {}
     for cls in {type(m) for m in model.modules()}:
         if cls.__module__.split(".")[0] not in _LIBRARIES:

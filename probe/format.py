@@ -27,8 +27,8 @@ import numpy as np
 
 __all__ = [
     "INDEX", "TARGET", "OFFSETS", "INPUT_IDS", "POSITIONS", "DOCUMENT", "TOKEN_ROWS", "Hook",
-    "HOOK_OF_KIND", "Attr", "DatasetSpec", "FileState", "dataset_key", "split_key",
-    "partial_path", "read_state",
+    "HOOK_OF_KIND", "Attr", "DatasetSpec", "FileState", "dataset_key", "split_key", "call_key",
+    "parse_kind", "partial_path", "read_state",
 ]
 
 INDEX = "index"
@@ -86,6 +86,7 @@ class Attr:
     REDUCE = "reduce"
     DTYPE = "dtype"
     TUPLE_POSITION = "tuple_position"
+    CALL = "call"  # which run of a module that runs several times per forward pass (from 0)
     ROWS = "rows"  # "token" for a dataset with one row per stored token (else one per sample)
     KEYWORD = "keyword"  # the input was given by this keyword (Llama's hidden_states=...)
 
@@ -99,6 +100,20 @@ def split_key(key: str) -> tuple[str, str]:
     """``"<layer>/<kind>"`` as (layer, kind); layer names may hold dots but never a slash."""
     layer, _, kind = key.rpartition("/")
     return layer, kind
+
+
+def call_key(layer: str, kind: str, call: int = 0) -> str:
+    """The dataset of a module's ``call``-th run in one forward pass (counting from 0):
+    ``<layer>/<kind>`` for the first, ``<layer>/<kind>_1``, ``_2``, ... for later ones."""
+    return dataset_key(layer, kind) + (f"_{call}" if call else "")
+
+
+def parse_kind(kind: str) -> tuple[str, int]:
+    """``output_1`` as (``output``, 1); a kind without a call suffix is call 0."""
+    base, _, call = kind.rpartition("_")
+    if kind not in HOOK_OF_KIND and base in HOOK_OF_KIND and call.isdigit():
+        return base, int(call)
+    return kind, 0
 
 
 def partial_path(path: str | Path) -> Path:

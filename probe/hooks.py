@@ -6,31 +6,32 @@ an in-place op that runs later, such as vgg16's ReLU after ``features.28``, cann
 Gradient kinds are filled by ``Capture.backward(objective)``.
 
     forward         -> <layer>/output        the module's output (first tensor of a tuple)
-    forward_pre     -> <layer>/input         the module's first positional input
+    forward_pre     -> <layer>/input         the module's first input (positional, or keyword)
     backward        -> <layer>/grad_output   d objective / d output
     backward_input  -> <layer>/grad_input    d objective / d first input
+
+A module that runs several times in one forward pass (resnet's shared ReLU) gives one value per
+run: ``<layer>/output`` for the first, ``<layer>/output_1``, ``_2``, ... for later ones.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from enum import Enum
 from types import MappingProxyType
-from typing import TypeVar
 
 import torch
 from torch import nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-from probe.config import Reduce, Tokens
+from probe.config import Reduce, Tokens, member
 from probe.errors import ConfigError
-from probe.format import Attr, Hook, dataset_key, split_key
-from probe.layers import first_tensor, match_layers, resolve_layers
+from probe.format import HOOK_OF_KIND, Attr, Hook, call_key, dataset_key, parse_kind, split_key
+from probe.layers import first_tensor, resolve_layers
+from probe.reduce import reduce_tensor, resolve_reduces
 from probe.tokens import select_tokens
 
-__all__ = ["attach", "Capture", "StopForward", "reduce_tensor", "parse_hooks", "resolve_reduces"]
+__all__ = ["attach", "Capture", "StopForward", "parse_hooks"]
 
-_E = TypeVar("_E", bound=Enum)
 _FLOAT16_LIMIT = 65520.0  # the smallest magnitude that float16 rounds to infinity
 
 
@@ -75,85 +76,12 @@ def parse_hooks(hooks: Iterable[str | Hook]) -> list[Hook]:
     """
     parsed: list[Hook] = []
     for value in hooks:
-        hook = _member(Hook, value, f"hook {value!r}")
+        hook = member(Hook, value, f"hook {value!r}")
         if hook not in parsed:
             parsed.append(hook)
     if not parsed:
         raise ConfigError("hooks is empty; use e.g. 'hooks=[forward]'")
     return parsed
-
-
-def resolve_reduces(layers: Iterable[str], reduce: str | Reduce,
-                    overrides: Mapping[str, str | Reduce] | None = None) -> dict[str, Reduce]:
-    """Each layer's reduce: ``reduce``, unless ``overrides`` ({layer name or glob: reduce}) says
-    otherwise. A layer's own name beats a glob, and globs that match one layer must agree, so
-    the order of the keys never matters (the resume check compares configs without it).
-
-    Raises:
-        ConfigError: an unknown reduce, a key that matches none of ``layers``, or globs that
-            give one layer different reduces.
-    """
-    layers = list(layers)
-    default = _parse_reduce(reduce, "reduce")
-    if overrides is not None and not isinstance(overrides, Mapping):
-        raise ConfigError(f"reduce_by_layer={overrides!r} is not a mapping; write it as "
-                          "'reduce_by_layer={layer4:none}'")
-    named = {str(key): _parse_reduce(how, f"reduce_by_layer.{key}")
-             for key, how in (overrides or {}).items()}
-    by_glob: dict[str, dict[str, Reduce]] = {}  # layer -> {glob that matches it: reduce}
-    for pattern, how in named.items():
-        hits = match_layers(layers, pattern)
-        if not hits:
-            shown = ", ".join(layers[:6]) + (f", ... ({len(layers)} in all)"
-                                            if len(layers) > 6 else "")
-            raise ConfigError(
-                f"reduce_by_layer names {pattern!r}, which matches none of the layers "
-                f"({shown}); use one of them, or a glob over them"
-            )
-        for layer in hits:
-            if layer != pattern:
-                by_glob.setdefault(layer, {})[pattern] = how
-    reduces: dict[str, Reduce] = {}
-    for layer in layers:
-        globs = by_glob.get(layer, {})
-        if layer not in named and len(set(globs.values())) > 1:
-            said = ", ".join(f"{glob}: {how.name}" for glob, how in globs.items())
-            raise ConfigError(
-                f"reduce_by_layer gives {layer!r} different reduces ({said}); add the layer "
-                f"itself, e.g. 'reduce_by_layer={{{layer}:none, ...}}', to decide"
-            )
-        reduces[layer] = named.get(layer, next(iter(globs.values()), default))
-    return reduces
-
-
-def _parse_reduce(value: str | Reduce, what: str) -> Reduce:
-    if isinstance(value, Mapping):  # +reduce_by_layer.layer4.1=none nests at each dot
-        raise ConfigError(
-            f"{what} is a mapping, not a reduce; write layer names with dots inside braces: "
-            "'reduce_by_layer={layer4.1:none}'"
-        )
-    return _member(Reduce, value, f"{what}={value!r}")
-
-
-def _member(enum: type[_E], value: str | _E, label: str) -> _E:
-    """``value`` as a member of ``enum``, looked up by name, or a ConfigError naming them all."""
-    if isinstance(value, enum):
-        return value
-    if str(value) not in enum.__members__:
-        raise ConfigError(f"{label} is unknown; use any of {', '.join(enum.__members__)}")
-    return enum[str(value)]
-
-
-def reduce_tensor(tensor: torch.Tensor, how: Reduce) -> torch.Tensor:
-    """Reduce a (N, C, ...) tensor over its axes after C (mean, max) or flatten it to (N, -1)."""
-    if how is Reduce.none:
-        return tensor
-    if how is Reduce.flatten:
-        return tensor.flatten(1)
-    if tensor.dim() <= 2:
-        return tensor
-    axes = tuple(range(2, tensor.dim()))
-    return tensor.mean(axes) if how is Reduce.mean else tensor.amax(axes)
 
 
 class Capture:
@@ -171,7 +99,7 @@ class Capture:
                  hooks: Iterable[str | Hook] = ("forward",), *, reduce: str | Reduce = "none",
                  reduce_by_layer: Mapping[str, str | Reduce] | None = None,
                  dtype: torch.dtype | None = None, stop_early: bool = False,
-                 tokens: str | Tokens = "all"):
+                 tokens: str | Tokens = "all", calls: Mapping[str, int] | None = None):
         self.model = model
         self.layers = resolve_layers(model, layers)
         self.hooks = parse_hooks(hooks)
@@ -181,11 +109,15 @@ class Capture:
         # Token layouts: the keys whose tensors have (batch, sequence) leading axes (set by the
         # caller, who knows the model's layouts), are pooled by `tokens` before the reduce;
         # `keep` (B, L), set before each pass, marks the positions that count (None: all).
-        self.tokens = _member(Tokens, tokens, f"tokens={tokens!r}")
+        self.tokens = member(Tokens, tokens, f"tokens={tokens!r}")
         self.token_keys: set[str] = set()
         self.keep: torch.Tensor | None = None
-        # forward-only: once a complete pass has shown that every hooked module runs, and runs
-        # once, raise StopForward as soon as a pass has given its last value (see arm)
+        # How often each hooked module runs in one forward pass: given (a dry run's count) or
+        # learned from the first complete pass; every later pass must run them as often.
+        self.calls: dict[str, int] | None = dict(calls) if calls is not None else None
+        self._ran: dict[str, int] = {}  # "<layer>/<kind>" -> runs so far in this pass
+        # forward-only: once the calls are known, raise StopForward as soon as a pass has given
+        # its last value (see arm)
         self.stop_early = stop_early and not self.needs_grad
         self._armed = False
         # set by take() when copies from a CUDA device are still in flight
@@ -202,8 +134,11 @@ class Capture:
 
     @property
     def keys(self) -> list[str]:
-        """Every "<layer>/<kind>" this capture fills, layer by layer."""
-        return [dataset_key(layer, hook.kind) for layer in self.layers for hook in self.hooks]
+        """Every "<layer>/<kind>" this capture fills, layer by layer and run by run (before
+        the calls are known, one run of each layer)."""
+        calls = self.calls or {}
+        return [call_key(layer, hook.kind, call) for layer in self.layers
+                for call in range(calls.get(layer, 1)) for hook in self.hooks]
 
     @property
     def needs_grad(self) -> bool:
@@ -218,9 +153,11 @@ class Capture:
     def attrs(self, key: str) -> dict:
         """What the file records about the dataset "<layer>/<kind>"."""
         layer, kind = split_key(key)
-        hook = next(h for h in self.hooks if h.kind == kind)
-        attrs = {Attr.LAYER: layer, Attr.HOOK: hook.name, Attr.KIND: kind,
+        kind, call = parse_kind(kind)
+        attrs = {Attr.LAYER: layer, Attr.HOOK: HOOK_OF_KIND[kind].name, Attr.KIND: kind,
                  Attr.REDUCE: self.reduces[layer].name}
+        if (self.calls or {}).get(layer, 1) > 1:
+            attrs[Attr.CALL] = call
         if self.dtype is not None:
             attrs[Attr.DTYPE] = str(self.dtype).removeprefix("torch.")
         where = self.tuple_positions.get(key)
@@ -229,8 +166,10 @@ class Capture:
         return attrs
 
     def arm(self) -> None:
-        """Arm the early stop before the first pass, for a caller that has seen a complete
-        pass (a dry run) in which every hooked module ran, once."""
+        """Arm the early stop before the first pass, for a caller that gave the calls (from a
+        complete pass, a dry run, in which every hooked module ran)."""
+        if self.calls is None:
+            raise RuntimeError("arm() needs the calls of every hooked module")
         self._armed = self.stop_early
 
     # -- lifetime -----------------------------------------------------------------------------
@@ -285,12 +224,24 @@ class Capture:
             ConfigError: a hooked module did not run, or gradients were asked for but
                 ``backward`` was not called.
         """
+        learned = self.calls is None
+        if learned:  # the first complete pass tells how often each module runs
+            self.calls = {layer: max([0, *(n for key, n in self._ran.items()
+                                           if split_key(key)[0] == layer)])
+                          for layer in self.layers}
         missing = [key for key in self.keys if key not in self._values]
-        if missing:
+        if missing or 0 in self.calls.values():
+            idle = [layer for layer, n in self.calls.items() if n == 0]
+            if learned:
+                self.calls = None
+            if idle:
+                raise ConfigError(
+                    f"nothing was captured for {', '.join(idle)}: the module did not run in the "
+                    "forward pass; choose layers that the forward uses")
             raise ConfigError(
-                f"nothing was captured for {', '.join(missing)}: the module did not run in the "
-                "forward pass (or backward was not called); choose layers that the forward uses"
-            )
+                f"nothing was captured for {', '.join(missing)}: the module ran fewer times "
+                "than in the first pass (the runs of a module must be the same for every "
+                "batch), or backward was not called")
         overflow, self._overflow = self._overflow, []
         if overflow and bool(torch.stack(overflow).any()):
             raise ConfigError(
@@ -330,7 +281,7 @@ class Capture:
         for key, grad in zip(keys, grads, strict=True):
             if grad is None:
                 raise ConfigError(
-                    f"the objective does not depend on {key.rsplit('/', 1)[0]!r}, so it has no "
+                    f"the objective does not depend on {split_key(key)[0]!r}, so it has no "
                     "gradient there; choose a layer that lies between the input and the output"
                 )
             self._keep(key, grad, None)
@@ -340,6 +291,20 @@ class Capture:
     def _on_model_start(self, module, args) -> None:
         self._values.clear()
         self._edges.clear()
+        self._ran.clear()
+
+    def _run(self, layer: str, kind: str) -> int:
+        # which run of the module this is (from 0), for the hooks on its input or its output
+        key = dataset_key(layer, kind)
+        call = self._ran.get(key, 0)
+        self._ran[key] = call + 1
+        if self.calls is not None and call >= self.calls[layer]:
+            raise ConfigError(
+                f"layer {layer!r} ran more than {self.calls[layer]} time(s) in one forward pass, "
+                "as often as in the first pass: the runs of a module must be the same for every "
+                "batch"
+            )
+        return call
 
     def _on_input(self, layer: str, args: tuple, kwargs: dict):
         tensor, slot = first_tensor(args)
@@ -349,10 +314,11 @@ class Capture:
         if tensor is None:
             raise ConfigError(f"layer {layer!r} has no tensor input to capture; choose another")
         position = slot or None  # args is always a tuple: only a later slot is worth recording
+        call = self._run(layer, "input")
         if Hook.forward_pre in self.hooks:
-            self._keep(f"{layer}/input", tensor, position)
+            self._keep(call_key(layer, "input", call), tensor, position)
         if Hook.backward_input in self.hooks:
-            self._record_edge(f"{layer}/grad_input", tensor, position)
+            self._record_edge(call_key(layer, "grad_input", call), tensor, position)
         elif Hook.backward in self.hooks and torch.is_grad_enabled() and not tensor.requires_grad:
             # Start the graph here, not at the model's input: nothing upstream of a hooked
             # module is recorded. Only d/d outputs are asked for, and what lies downstream of
@@ -366,10 +332,11 @@ class Capture:
 
     def _on_output(self, layer: str, output) -> None:
         tensor, position = self._tensor_of(layer, output, "output")
+        call = self._run(layer, "output")
         if Hook.forward in self.hooks:
-            self._keep(f"{layer}/output", tensor, position)
+            self._keep(call_key(layer, "output", call), tensor, position)
         if Hook.backward in self.hooks:
-            self._record_edge(f"{layer}/grad_output", tensor, position)
+            self._record_edge(call_key(layer, "grad_output", call), tensor, position)
 
     def _tensor_of(self, layer: str, value, what: str) -> tuple[torch.Tensor, int | None]:
         tensor, position = first_tensor(value)
@@ -378,7 +345,6 @@ class Capture:
         return tensor, position
 
     def _keep(self, key: str, tensor: torch.Tensor, position: int | str | None) -> None:
-        _check_first_call(key, self._values)
         if position is not None:
             self.tuple_positions[key] = position
         value = tensor.detach()
@@ -402,10 +368,9 @@ class Capture:
             raise StopForward
 
     def _record_edge(self, key: str, tensor: torch.Tensor, position: int | str | None) -> None:
-        _check_first_call(key, self._edges)
         if not tensor.requires_grad:
             raise ConfigError(
-                f"layer {key.rsplit('/', 1)[0]!r}: its {key.rsplit('_', 1)[1]} does not depend "
+                f"layer {split_key(key)[0]!r}: its {_what(key)} does not depend "
                 "on the input, so it has no gradient; choose a layer that the input flows through"
             )
         if position is not None:
@@ -413,10 +378,6 @@ class Capture:
         self._edges[key] = get_gradient_edge(tensor)
 
 
-def _check_first_call(key: str, seen: Mapping[str, object]) -> None:
-    if key in seen:
-        raise ConfigError(
-            f"layer {key.rsplit('/', 1)[0]!r} ran more than once in one forward pass (a module "
-            "reused inside the model); probe stores one value per sample, so hook a module that "
-            "runs once"
-        )
+def _what(key: str) -> str:
+    # "input" or "output", for a message about "<layer>/grad_input_1"
+    return parse_kind(split_key(key)[1])[0].removeprefix("grad_")

@@ -12,7 +12,11 @@ import torch
 
 from probe.config import Tokens
 
-__all__ = ["select_tokens"]
+__all__ = ["select_tokens", "is_vision_transformer"]
+
+# transformer blocks whose 3-D outputs are (batch, tokens, features): timm's ViT family (ViT,
+# DeiT, DINOv2, CLIP and SigLIP towers, EVA, BEiT) and torchvision's vit_* / swin-free ViTs
+_VISION_BLOCKS = ("timm.models.", "torchvision.models.vision_transformer")
 
 
 def select_tokens(value: torch.Tensor, keep: torch.Tensor | None, how: Tokens) -> torch.Tensor:
@@ -40,3 +44,15 @@ def select_tokens(value: torch.Tensor, keep: torch.Tensor | None, how: Tokens) -
     weights = keep.to(torch.promote_types(value.dtype, torch.float32))
     weights = weights / weights.sum(1, keepdim=True)
     return torch.einsum("bl...,bl->b...", value.to(weights.dtype), weights)
+
+
+def is_vision_transformer(model) -> bool:
+    """Whether an image model is a vision transformer: it holds a transformer block of timm or
+    torchvision, so that its 3-D outputs are (batch, tokens, features)."""
+    return any(type(m).__module__.startswith(_VISION_BLOCKS)
+               and type(m).__name__.endswith(("Block", "EncoderBlock")) and _has_attention(m)
+               for m in model.modules())
+
+
+def _has_attention(module) -> bool:
+    return any("attn" in name or "attention" in name for name, _ in module.named_children())

@@ -25,7 +25,8 @@ def test_the_groups_that_the_design_promises_exist():
 @pytest.mark.parametrize("name", MODELS)
 def test_every_model_config_instantiates(make_cfg, request, name):
     extra = {"torchvision": ["model.name=alexnet"],
-             "custom": ["model._target_=tests.tiny.TinyNet"]}.get(name, [])
+             "custom": ["model._target_=tests.tiny.TinyNet"],
+             "timm": ["model.name=resnet18"]}.get(name, [])
     if name == "transformers":
         extra = [f"model.name={request.getfixturevalue('tiny_lm')}"]
     model = build_model(make_cfg(f"model={name}", *extra))

@@ -126,7 +126,6 @@ def test_resume_after_committed_rows_equals_a_whole_run(make_cfg, tmp_path, monk
     (["model=resnet18", "layers=[layer5]"], ConfigError, "layer4"),
     (["model=resnet18", "layers=[layer9.*]"], ConfigError, "python -m probe.layers"),
     (["model=resnet18", "layers=[]"], ConfigError, "layers is empty"),
-    (["model=resnet18", "layers=[layer1.0.relu]"], ConfigError, "more than once"),
     (["model=resnet18", "layers=[fc]", "reduce_by_layer={layer4:none}"], ConfigError,
      "reduce_by_layer names 'layer4'"),
     (["model=resnet18", "layers=[fc]", "reduce_by_layer={fc:avg}"], ConfigError, "'avg'"),

@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 import probe
-from probe.errors import ConfigError
 from tests.conftest import load_model, run_with
 
 
@@ -58,10 +57,16 @@ class Reuses(nn.Module):
         return self.act(self.mid(self.act(x)))
 
 
-def test_a_module_reused_after_the_stop_point_is_still_refused():
-    model = Reuses()
-    # the capture arms its early stop only after a complete pass, which meets the reuse
-    with probe.Capture(model, ["act", "mid"], stop_early=True), torch.inference_mode():
-        for _ in range(2):
-            with pytest.raises(ConfigError, match="more than once"):
-                model(torch.randn(2, 3))
+def test_a_module_reused_after_the_stop_point_is_still_captured():
+    model, x = Reuses(), torch.randn(2, 3)
+    # the capture learns the runs from a complete pass, then stops after the last of them
+    with probe.Capture(model, ["act", "mid"], stop_early=True) as cap, torch.inference_mode():
+        model(x)
+        first = cap.take()
+        with pytest.raises(probe.hooks.StopForward):
+            model(x)
+        second = cap.take()
+    assert list(first) == ["act/output", "act/output_1", "mid/output"]
+    for key in first:
+        assert torch.equal(first[key], second[key]), key
+    assert torch.equal(first["act/output_1"], model(x))

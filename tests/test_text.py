@@ -12,7 +12,13 @@ import torch
 import probe
 from probe.errors import ConfigError, DataError
 from probe.merge import merge
-from tests.conftest import assert_same_datasets, interrupt_after, no_h5_files, run_with
+from tests.conftest import (
+    assert_same_datasets,
+    compose_cfg,
+    interrupt_after,
+    no_h5_files,
+    run_with,
+)
 from tests.tiny_text import documents, write_jsonl
 
 pytest.importorskip("transformers")
@@ -292,3 +298,32 @@ def test_image_runs_do_not_import_transformers(tmp_path):
                             text=True, check=True)
     modules = result.stdout.split()
     assert not [m for m in modules if "transformers" in m or "datasets" in m or "text" in m]
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_a_text_run(tiny_lm, tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    docs = write_jsonl(tmp_path / "many.jsonl", documents(3000, seed=5, high=20))
+    args = ["model=transformers", f"model.name={tiny_lm}", "dataset=text",
+            f"dataset.path={docs}", "layers=[transformer.h.1]", "batch_size=8",
+            "output.commit_every=1", "output.compression=lzf", f"output.path={tmp_path}/f.h5"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for attempt in range(3):
+        process = subprocess.Popen([sys.executable, "-m", "probe", *args], cwd=tmp_path, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if attempt < 2:
+            while not (tmp_path / "f.h5.partial").exists() and process.poll() is None:
+                time.sleep(0.05)
+            time.sleep(1.0 + attempt)
+            process.kill()
+        _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr
+    whole = probe.run(compose_cfg(*args[:-1], output=tmp_path / "whole.h5", tiny=False))
+    assert_same_datasets(tmp_path / "f.h5", whole, ("index", "offsets", "input_ids",
+                                                   "transformer.h.1/output"))

@@ -28,9 +28,10 @@ def write_jsonl(path: Path, texts: list[str], labels: list[int] | None = None) -
 
 
 def tiny_gpt2(directory: Path, *, layers: int = 2, width: int = 32, heads: int = 2,
-              seed: int = 0, positions: int = 128) -> Path:
+              seed: int = 0, positions: int = 128, vocab: int | None = None) -> Path:
     """A GPT-2 of ``layers`` blocks, ``width`` wide, with a byte-level BPE tokenizer trained
-    here on the corpus words; both saved with save_pretrained in ``directory``."""
+    here on the corpus words; both saved with save_pretrained in ``directory``. ``vocab``
+    sizes the model's embedding and head (default: the tokenizer's, a few hundred)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
@@ -44,7 +45,7 @@ def tiny_gpt2(directory: Path, *, layers: int = 2, width: int = 32, heads: int =
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>",
                                         bos_token="<|endoftext|>")
     eos = tokenizer.eos_token_id
-    config = GPT2Config(vocab_size=len(tokenizer), n_positions=positions, n_embd=width,
+    config = GPT2Config(vocab_size=vocab or len(tokenizer), n_positions=positions, n_embd=width,
                         n_layer=layers, n_head=heads, bos_token_id=eos, eos_token_id=eos)
     torch.manual_seed(seed)
     GPT2LMHeadModel(config).save_pretrained(directory)

@@ -27,9 +27,9 @@ def layer_table(cfg: DictConfig) -> list[tuple[str, str, str, str]]:
     from probe.config import option_name
     from probe.device import resolve_device
     from probe.feed import feed_for
-    from probe.hooks import reduce_tensor, resolve_reduces
     from probe.layers import describe_layers
     from probe.planner import TORCH_DTYPES
+    from probe.reduce import reduce_tensor, resolve_reduces
     from probe.units import human_bytes
 
     device = resolve_device(cfg.device)

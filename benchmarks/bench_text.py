@@ -1,0 +1,195 @@
+"""probe on a language model against the bare padded loop, measured in one process.
+
+    python benchmarks/bench_text.py                   # every case (a few minutes on 2 CPU cores)
+    python benchmarks/bench_text.py --case forward    # forward, grad, memory
+
+A GPT-2-shaped model with random weights (6 blocks, width 512, GPT-2's vocabulary size), 512
+documents of 16 to 128 tokens, batches of 16, the residual stream after block 2 (transformer.h.2)
+with every real token stored. The baselines run the same model object on the same right-padded
+batches and keep nothing:
+
+    forward  the model only up to that block (a copy whose later blocks are cut off)
+    grad     the whole forward, each document's mean next-token loss, and autograd.grad down to
+             that block's output only (parameters frozen)
+    memory   peak RSS of a probe run on 1x and 8x the documents (each in its own process)
+
+Medians of --repeat alternating runs; the machine may be noisy: compare the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TQDM_DISABLE", "1")  # before tqdm is imported: it reads this once
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+from hydra import compose, initialize_config_dir
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import probe  # noqa: E402
+from probe.config import CONFIG_DIR  # noqa: E402
+from tests.tiny_text import WORDS, tiny_gpt2, write_jsonl  # noqa: E402
+
+LAYER = "transformer.h.2"
+
+
+def corpus(directory: Path, count: int, tokenizer, seed: int = 0) -> Path:
+    """``count`` documents of 16 to 128 tokens (each length drawn uniformly)."""
+    rng = random.Random(seed)
+    texts = []
+    for _ in range(count):
+        want, words = rng.randint(16, 128), []
+        while len(tokenizer(" ".join(words))["input_ids"]) < want:
+            words += [rng.choice(WORDS) for _ in range(8)]
+        ids = tokenizer(" ".join(words))["input_ids"][:want]
+        texts.append(tokenizer.decode(ids))
+    return write_jsonl(directory / f"docs{count}.jsonl", texts)
+
+
+def _cfg(model_dir: Path, docs: Path, out: Path, *extra: str):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", ["model=transformers", f"model.name={model_dir}",
+                                  "dataset=text", f"dataset.path={docs}", f"layers=[{LAYER}]",
+                                  "batch_size=16", f"output.path={out}", "output.overwrite=true",
+                                  "device=cpu", *extra])
+
+
+def probe_run(cfg, model, dataset) -> float:
+    started = time.perf_counter()
+    probe.execute(probe.plan(cfg, model=model, dataset=dataset))
+    elapsed = time.perf_counter() - started
+    Path(cfg.output.path).unlink()
+    return elapsed
+
+
+def batches(dataset, feed):
+    return list(feed.loader(dataset, list(range(len(dataset))), 16))
+
+
+def bare_forward(head, loader) -> float:
+    started = time.perf_counter()
+    with torch.inference_mode():
+        for batch in loader:
+            head.transformer(**batch.inputs)
+    return time.perf_counter() - started
+
+
+def bare_grad(model, loader) -> float:
+    """Forward, per-document mean next-token loss, autograd.grad to LAYER's output only."""
+    from probe.text.feed import nll
+
+    blocks = model.transformer.h
+    for p in model.parameters():
+        p.requires_grad_(False)
+    kept = {}
+    hook = blocks[2].register_forward_hook(
+        lambda m, a, out: kept.update(out=out.requires_grad_()))
+    started = time.perf_counter()
+    for batch in loader:
+        with torch.enable_grad():
+            output = model(**batch.inputs)
+            torch.autograd.grad(nll(output, batch).sum(), kept["out"])
+    elapsed = time.perf_counter() - started
+    hook.remove()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return elapsed
+
+
+def padded_share(loader) -> float:
+    real = sum(int(b.inputs["attention_mask"].sum()) for b in loader)
+    total = sum(b.inputs["input_ids"].numel() for b in loader)
+    return 1 - real / total
+
+
+def report(name: str, ours: float, base_name: str, base: float, target: float, tokens: int):
+    ratio = ours / base
+    verdict = "meets" if ratio <= target else "MISSES"
+    print(f"{name:<28} probe {ours:6.2f} s ({tokens / ours:7.0f} tok/s)  {base_name} "
+          f"{base:6.2f} s ({tokens / base:7.0f} tok/s)  ratio {ratio:4.2f} "
+          f"({verdict} <= {target:.2f})", flush=True)
+
+
+def peak_rss_mib(model_dir: Path, docs: Path, out: Path) -> float:
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+            "from benchmarks.bench_text import _cfg\nimport probe\nfrom pathlib import Path\n"
+            f"probe.run(_cfg(Path({str(model_dir)!r}), Path({str(docs)!r}), "
+            f"Path({str(out)!r})))\n"
+            "print(int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, env={**os.environ, "TQDM_DISABLE": "1"})
+    out.unlink()
+    return int(result.stdout.split()[-1]) / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", choices=["forward", "grad", "memory"], action="append")
+    parser.add_argument("--docs", type=int, default=512)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from probe.build import build_dataset
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        model_dir = tiny_gpt2(tmp / "gpt2", layers=6, width=512, heads=8, positions=1024,
+                              vocab=50257)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        docs = corpus(tmp, args.docs, tokenizer)
+        model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        model.config.use_cache = False
+        cfg = _cfg(model_dir, docs, tmp / "f.h5")
+        dataset = build_dataset(cfg)
+        loader = batches(dataset, dataset.feed)
+        tokens = sum(int(b.keep.sum()) for b in loader)
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {len(dataset)} "
+              f"documents, {tokens} tokens; {padded_share(loader):.0%} of a right-padded "
+              f"loop's positions are padding; median of {args.repeat}")
+        if "forward" in (args.case or ["forward"]):
+            head = copy.deepcopy(model)
+            head.transformer.h = head.transformer.h[:3]  # the model up to transformer.h.2
+            probe_run(cfg, model, dataset), bare_forward(head, loader)  # warm-up, not timed
+            ours, base = [], []
+            for _ in range(args.repeat):
+                ours.append(probe_run(cfg, model, dataset))
+                base.append(bare_forward(head, loader))
+            report("forward, every token", statistics.median(ours), "bare up to h.2",
+                   statistics.median(base), 1.05, tokens)
+        if "grad" in (args.case or ["grad"]):
+            grad_cfg = _cfg(model_dir, docs, tmp / "g.h5", "hooks=[backward]", "objective=nll")
+            ours, base = [], []
+            for _ in range(args.repeat):
+                ours.append(probe_run(grad_cfg, model, dataset))
+                base.append(bare_grad(model, loader))
+            report("nll gradients at h.2", statistics.median(ours), "bare fwd+grad",
+                   statistics.median(base), 1.10, tokens)
+        if "memory" in (args.case or ["memory"]):
+            more = corpus(tmp, args.docs * 8, tokenizer, seed=1)
+            one = statistics.median(peak_rss_mib(model_dir, docs, tmp / "m1.h5")
+                                    for _ in range(args.repeat))
+            eight = statistics.median(peak_rss_mib(model_dir, more, tmp / "m8.h5")
+                                      for _ in range(args.repeat))
+            verdict = "meets" if eight / one <= 1.10 else "MISSES"
+            print(f"{'peak RSS, 8x the documents':<28} {eight:.0f} MiB vs {one:.0f} MiB: ratio "
+                  f"{eight / one:4.2f} ({verdict} <= 1.10)")
+
+
+if __name__ == "__main__":
+    main()
