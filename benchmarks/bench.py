@@ -273,7 +273,7 @@ def case_vit(args, directory: Path) -> None:
 
     torch.manual_seed(0)
     model = timm.create_model("vit_tiny_patch16_224").eval().to(DEVICE)
-    data = SyntheticImages(args.samples * 2, 224)
+    data = SyntheticImages(args.samples * 8, 224)  # a fast model: enough to time the loop
 
     def head(x):  # the model's own forward_features, up to blocks.5
         x = model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(x))))

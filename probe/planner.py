@@ -95,16 +95,18 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
         ProbeError: a config value, file, model, dataset or device that cannot work. Nothing
             has been written then.
     """
+    # 1. the config and the output path: the cheap refusals first
     _check_config(cfg)
     hooks = parse_hooks(cfg.hooks)
     path = output_path(cfg)
     locking = file_locking(cfg.output.file_locking)
+    device = resolve_device(cfg.device)
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     check_writable(path.parent)
     with WriterLock(path, locking):  # refuse now, not after the set-up, if another run writes
         found = None if cfg.output.overwrite else existing_run(path, config_yaml, locking)
 
-    device = resolve_device(cfg.device)
+    # 2. the model and the data, and whether they are what the file there was made from
     model = build_model(cfg) if model is None else model
     dataset = build_dataset(cfg) if dataset is None else dataset
     fingerprints = {Attr.MODEL_FINGERPRINT: model_fingerprint(model),
@@ -116,6 +118,9 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
             return Plan(cfg, path, config_yaml, locking, resume_from=None)
         log.info("resuming %s after %d committed rows", found.path, found.num_committed)
     resume_from = 0 if found is None else found.num_committed
+
+    # 3. what to compute: the samples, the objective, the hooks, and a dry run that finds the
+    # shape of every dataset
     model = model.eval().to(device)
     feed = feed_for(dataset)
     indices = select_indices(len(dataset), cfg.limit, cfg.shard.index, cfg.shard.count,
@@ -136,21 +141,15 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     datasets = dry_run(capture, feed, feed.dry_batches(dataset, indices[0]), device,
                        objective if needs_grad else None)
     dry_run_seconds = time.perf_counter() - started
-    capture.arm()  # the dry run was a complete pass: every hooked module ran, once
+    capture.arm()  # the dry run counted every hooked module's runs
     tokens = feed.stored_tokens(dataset, indices) if feed.token_rows else None
     if tokens is not None:
         datasets.update(feed.token_datasets(dataset))
+
+    # 4. what it takes: said in the log, and checked against the free disk space
     sample_bytes = 16 + sum(s.row_bytes for s in datasets.values() if not s.per_token)
     token_bytes = sum(s.row_bytes for s in datasets.values() if s.per_token)
-    for pattern in map(str, cfg.layers):
-        if is_glob(pattern):
-            log.info("layers: %s matches %s", pattern,
-                     ", ".join(match_layers(capture.layers, pattern)))
-    log.info("model %s on %s; %d layers x %s; %d samples of %s%s -> %s",
-             type(model).__name__, device, len(capture.layers), [h.name for h in hooks],
-             len(indices), human_bytes(sample_bytes),
-             "" if tokens is None else f", {int(tokens.sum())} tokens of "
-                                       f"{human_bytes(token_bytes)}", path)
+    _log_plan(cfg, capture, device, indices, tokens, sample_bytes, token_bytes, path)
     if cfg.output.check_free_space:
         left = 0 if tokens is None else int(tokens[resume_from:].sum())
         check_free_space(path.parent,
@@ -162,6 +161,18 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
                 objective=objective, capture=capture, datasets=datasets, attrs=attrs,
                 num_tokens=None if tokens is None else int(tokens.sum()),
                 row_bytes=sample_bytes, dry_run_seconds=dry_run_seconds)
+
+
+def _log_plan(cfg: DictConfig, capture: Capture, device: torch.device, indices: list[int],
+              tokens, sample_bytes: int, token_bytes: int, path: Path) -> None:
+    for pattern in map(str, cfg.layers):
+        if is_glob(pattern):
+            log.info("layers: %s matches %s", pattern,
+                     ", ".join(match_layers(capture.layers, pattern)))
+    size = (f"{len(indices)} samples of {human_bytes(sample_bytes)}" if tokens is None else
+            f"{len(indices)} samples, {int(tokens.sum())} tokens of {human_bytes(token_bytes)}")
+    log.info("model %s on %s; %d layers x %s; %s -> %s", type(capture.model).__name__, device,
+             len(capture.layers), [h.name for h in capture.hooks], size, path)
 
 
 def _require_same_inputs(found: FileState, fingerprints: dict) -> None:
