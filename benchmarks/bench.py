@@ -30,7 +30,7 @@ from torch import nn
 import probe
 from probe.config import CONFIG_DIR
 from probe.data import SyntheticImages
-from probe.feed import TensorFeed
+from probe.feed import Batching, TensorFeed
 from probe.format import DatasetSpec
 from probe.store import Store
 
@@ -67,8 +67,8 @@ def _probe_run(model: nn.Module, dataset, overrides: list[str], out: Path) -> fl
 
 def _batches(dataset, batch_size: int):
     """The images of each batch, as probe's loader makes them."""
-    loader = TensorFeed().loader(dataset, list(range(len(dataset))), batch_size,
-                                 pin_memory=DEVICE.type == "cuda")
+    loader = TensorFeed().loader(dataset, list(range(len(dataset))),
+                                 Batching(batch_size, pin_memory=DEVICE.type == "cuda"))
     return (batch.inputs for batch in loader)
 
 

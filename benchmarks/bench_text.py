@@ -5,13 +5,15 @@
 
 A GPT-2-shaped model with random weights (6 blocks, width 512, GPT-2's vocabulary size), 512
 documents of 16 to 128 tokens, batches of 16, the residual stream after block 2 (transformer.h.2)
-with every real token stored. The baselines run the same model object on the same right-padded
-batches and keep nothing:
+with every real token stored. probe runs with its length-bucketed batches (the default) and
+without them; the baselines run the same model object on right-padded batches in dataset order,
+as every peer does, and keep nothing:
 
     forward  the model only up to that block (a copy whose later blocks are cut off)
     grad     the whole forward, each document's mean next-token loss, and autograd.grad down to
              that block's output only (parameters frozen)
-    memory   peak RSS of a probe run on 1x and 8x the documents (each in its own process)
+    memory   peak RSS of a streamed probe run on 1x and 8x the documents (each in its own
+             process)
 
 Medians of --repeat alternating runs; the machine may be noisy: compare the ratios.
 """
@@ -40,6 +42,7 @@ sys.path.insert(0, str(REPO))
 
 import probe  # noqa: E402
 from probe.config import CONFIG_DIR  # noqa: E402
+from probe.feed import Batching  # noqa: E402
 from tests.tiny_text import WORDS, tiny_gpt2, write_jsonl  # noqa: E402
 
 LAYER = "transformer.h.2"
@@ -75,7 +78,7 @@ def probe_run(cfg, model, dataset) -> float:
 
 
 def batches(dataset, feed):
-    return list(feed.loader(dataset, list(range(len(dataset))), 16))
+    return list(feed.loader(dataset, list(range(len(dataset))), Batching(16)))
 
 
 def bare_forward(head, loader) -> float:
@@ -108,10 +111,14 @@ def bare_grad(model, loader) -> float:
     return elapsed
 
 
-def padded_share(loader) -> float:
-    real = sum(int(b.inputs["attention_mask"].sum()) for b in loader)
-    total = sum(b.inputs["input_ids"].numel() for b in loader)
-    return 1 - real / total
+def padded_share(dataset, batching: Batching) -> float:
+    """The share of the positions a run's batches compute that are padding."""
+    from probe.text.batching import plan_batches
+
+    lengths = dataset.lengths(list(range(len(dataset))))
+    planned = plan_batches(lengths, batching)
+    computed = sum(int(lengths[p].max()) * len(p) for p, _ in planned)
+    return 1 - int(lengths.sum()) / computed
 
 
 def report(name: str, ours: float, base_name: str, base: float, target: float, tokens: int):
@@ -126,7 +133,7 @@ def peak_rss_mib(model_dir: Path, docs: Path, out: Path) -> float:
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
             "from benchmarks.bench_text import _cfg\nimport probe\nfrom pathlib import Path\n"
             f"probe.run(_cfg(Path({str(model_dir)!r}), Path({str(docs)!r}), "
-            f"Path({str(out)!r})))\n"
+            f"Path({str(out)!r}), 'dataset.streaming=true'))\n"
             "print(int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True, env={**os.environ, "TQDM_DISABLE": "1"})
@@ -160,25 +167,36 @@ def main() -> None:
         loader = batches(dataset, dataset.feed)
         tokens = sum(int(b.keep.sum()) for b in loader)
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {len(dataset)} "
-              f"documents, {tokens} tokens; {padded_share(loader):.0%} of a right-padded "
-              f"loop's positions are padding; median of {args.repeat}")
+              f"documents, {tokens} tokens; padding is {padded_share(dataset, Batching(16)):.0%} "
+              f"of the positions in batches of 16 in dataset order, "
+              f"{padded_share(dataset, Batching(16, bucket=True)):.0%} with bucketing; median "
+              f"of {args.repeat}")
         if "forward" in (args.case or ["forward"]):
             head = copy.deepcopy(model)
             head.transformer.h = head.transformer.h[:3]  # the model up to transformer.h.2
+            plain = _cfg(model_dir, docs, tmp / "p.h5", "bucket_by_length=false")
             probe_run(cfg, model, dataset), bare_forward(head, loader)  # warm-up, not timed
-            ours, base = [], []
+            ours, unbucketed, base = [], [], []
             for _ in range(args.repeat):
                 ours.append(probe_run(cfg, model, dataset))
+                unbucketed.append(probe_run(plain, model, dataset))
                 base.append(bare_forward(head, loader))
             report("forward, every token", statistics.median(ours), "bare up to h.2",
+                   statistics.median(base), 0.75, tokens)
+            report("  without bucketing", statistics.median(unbucketed), "bare up to h.2",
                    statistics.median(base), 1.05, tokens)
         if "grad" in (args.case or ["grad"]):
             grad_cfg = _cfg(model_dir, docs, tmp / "g.h5", "hooks=[backward]", "objective=nll")
-            ours, base = [], []
+            plain = _cfg(model_dir, docs, tmp / "gp.h5", "hooks=[backward]", "objective=nll",
+                         "bucket_by_length=false")
+            ours, unbucketed, base = [], [], []
             for _ in range(args.repeat):
                 ours.append(probe_run(grad_cfg, model, dataset))
+                unbucketed.append(probe_run(plain, model, dataset))
                 base.append(bare_grad(model, loader))
             report("nll gradients at h.2", statistics.median(ours), "bare fwd+grad",
+                   statistics.median(base), 0.80, tokens)
+            report("  without bucketing", statistics.median(unbucketed), "bare fwd+grad",
                    statistics.median(base), 1.10, tokens)
         if "memory" in (args.case or ["memory"]):
             more = corpus(tmp, args.docs * 8, tokenizer, seed=1)

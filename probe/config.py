@@ -144,6 +144,12 @@ class ProbeConfig:
     # auto | cpu | cuda | cuda:N | mps
     device: str = "auto"
     batch_size: int = 16
+    # language models: a budget of padded token positions per batch, instead of batch_size
+    # documents (batch_size still sizes the windows that bucket_by_length sorts)
+    batch_tokens: int | None = None
+    # language models: batch documents of similar length together (far less padding); the
+    # rows are still stored in dataset order
+    bucket_by_length: bool = True
     num_workers: int = 0
     # take only `limit` samples of the dataset; null means all
     limit: int | None = None
@@ -159,7 +165,8 @@ class ProbeConfig:
 # Keys that do not change what is stored: a run may resume, or find its finished file, with other
 # values of these. conf/config.yaml leaves the same keys out of the run folder's name (a test
 # holds the two lists equal).
-NEUTRAL_KEYS = ("batch_size", "num_workers", "device", "stop_early", "output.path",
+NEUTRAL_KEYS = ("batch_size", "batch_tokens", "bucket_by_length", "num_workers", "device",
+                "stop_early", "output.path",
                 "output.overwrite", "output.commit_every", "output.commit_seconds",
                 "output.check_free_space", "output.file_locking")
 

@@ -24,6 +24,7 @@ __all__ = [
     "cifar10",
     "imagenet_transform",
     "select_indices",
+    "check_selection",
 ]
 
 # the normalisation of imagenet_transform and cifar10 (undone for display by probe.gradcam)
@@ -147,13 +148,11 @@ def _transform(transform: str | Callable, default: Callable[[], Callable]) -> Ca
     return default()
 
 
-def select_indices(size: int, limit: int | None = None, shard_index: int = 0,
-                   shard_count: int = 1, subset: str = "first", seed: int = 0) -> list[int]:
-    """The dataset indices one job writes, in order: ``limit`` of them (the first, or a random
-    choice seeded by ``seed``), then every ``shard_count``-th starting at ``shard_index``.
+def check_selection(limit: int | None, shard_index: int, shard_count: int) -> None:
+    """Refuse a limit or shard that selects nothing.
 
     Raises:
-        ConfigError: a bad limit or shard.
+        ConfigError: naming the value.
     """
     if limit is not None and limit < 1:
         raise ConfigError(f"limit={limit} must be at least 1, or null for the whole dataset")
@@ -162,6 +161,17 @@ def select_indices(size: int, limit: int | None = None, shard_index: int = 0,
             f"shard.index={shard_index}, shard.count={shard_count}: need count >= 1 and "
             "0 <= index < count"
         )
+
+
+def select_indices(size: int, limit: int | None = None, shard_index: int = 0,
+                   shard_count: int = 1, subset: str = "first", seed: int = 0) -> list[int]:
+    """The dataset indices one job writes, in order: ``limit`` of them (the first, or a random
+    choice seeded by ``seed``), then every ``shard_count``-th starting at ``shard_index``.
+
+    Raises:
+        ConfigError: a bad limit or shard.
+    """
+    check_selection(limit, shard_index, shard_count)
     chosen = list(range(size))
     if limit is not None and limit < size:
         if str(subset) == "random":

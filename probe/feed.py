@@ -25,7 +25,8 @@ from torch.utils.data import DataLoader, Dataset
 from probe.errors import ConfigError
 from probe.objectives import make_objective, per_sample
 
-__all__ = ["Batch", "TensorFeed", "feed_for", "split_item", "batch_loader", "Objective"]
+__all__ = ["Batch", "Batching", "StreamSlice", "TensorFeed", "feed_for", "split_item",
+           "batch_loader", "Objective"]
 
 
 @dataclass
@@ -39,6 +40,9 @@ class Batch:
     keep: torch.Tensor | None = None
     # for batches of token sequences: per stored position (keep's True entries, in order)
     token_rows: dict[str, torch.Tensor] = field(default_factory=dict)
+    # whether this batch ends a window of batches whose rows are stored together, in dataset
+    # order (probe.text.batching); a batch in dataset order is a window of its own
+    window_end: bool = True
 
     def __len__(self) -> int:
         return len(self.index)
@@ -64,6 +68,26 @@ class Batch:
 
 Objective = Callable[[Any, Batch], torch.Tensor]  # (model output, batch) -> (B,) values
 
+_WINDOW_BATCHES = 16  # batches per window: the rows a bucketed run holds before writing them
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How a run cuts its samples into batches."""
+
+    batch_size: int
+    batch_tokens: int | None = None  # a budget of padded positions per batch, instead
+    bucket: bool = False  # sort each window's documents by length first
+    num_workers: int = 0
+    pin_memory: bool = False
+
+    @property
+    def window(self) -> int:
+        """Samples per window; 1 when batches are made one at a time in dataset order."""
+        if not self.bucket and self.batch_tokens is None:
+            return 1
+        return _WINDOW_BATCHES * self.batch_size
+
 
 class TensorFeed:
     """Items are a tensor or a (tensor, int target, ...) tuple; a batch stacks the tensors and
@@ -77,11 +101,10 @@ class TensorFeed:
         """Whether the dataset's items are (input, target) pairs rather than bare inputs."""
         return split_item(dataset[0])[1] is not None
 
-    def loader(self, dataset: Dataset, indices: list[int], batch_size: int,
-               num_workers: int = 0, pin_memory: bool = False) -> Iterable[Batch]:
-        """Batches over ``indices``, in order."""
-        return batch_loader(_Rows(dataset, indices), self.collate, batch_size, num_workers,
-                            pin_memory)
+    def loader(self, dataset: Dataset, indices: list[int], batching) -> Iterable[Batch]:
+        """Batches of ``batching.batch_size`` over ``indices``, in order."""
+        return batch_loader(_Rows(dataset, indices), self.collate, batching.batch_size,
+                            batching.num_workers, batching.pin_memory)
 
     def dry_batches(self, dataset: Dataset, index: int) -> list[Batch]:
         """The batches of the dry run: sample ``index`` alone."""
@@ -124,6 +147,32 @@ class TensorFeed:
         return f"shape {tuple(batch.inputs.shape[1:])}"
 
 
+@dataclass(frozen=True)
+class StreamSlice:
+    """The samples a job takes from a stream: among the first ``limit`` (None: all), those of
+    its shard, after the first ``start`` of them (a resumed run's committed rows)."""
+
+    limit: int | None
+    shard_index: int = 0
+    shard_count: int = 1
+    start: int = 0
+
+    def __getitem__(self, rows: slice) -> StreamSlice:
+        """``selection[n:]``: the same samples after the first n (``[:n]`` is not known)."""
+        if not isinstance(rows, slice) or rows.step not in (None, 1) or rows.stop is not None:
+            raise TypeError("a stream's samples can only be sliced as [n:]")
+        return replace(self, start=self.start + (rows.start or 0))
+
+    def __bool__(self) -> bool:
+        return True
+
+    def takes(self, sample: int) -> bool | None:
+        """Whether sample ``sample`` (in stream order) is this job's; None past the limit."""
+        if self.limit is not None and sample >= self.limit:
+            return None
+        return sample % self.shard_count == self.shard_index
+
+
 def feed_for(dataset: Dataset):
     """The feed a dataset names in its ``feed`` attribute, or a TensorFeed."""
     return getattr(dataset, "feed", None) or TensorFeed()
@@ -164,12 +213,15 @@ class _Rows(Dataset):
         return index, inputs, -1 if target is None else target
 
 
-def batch_loader(rows: Dataset, collate, batch_size: int, num_workers: int = 0,
-                 pin_memory: bool = False) -> DataLoader:
-    """A DataLoader over ``rows`` in order, whose workers leave stop signals to the run."""
-    return DataLoader(rows, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                      collate_fn=collate, pin_memory=pin_memory, persistent_workers=False,
-                      worker_init_fn=leave_stop_signals_to_the_run)
+def batch_loader(rows: Dataset, collate, batch_size: int = 1, num_workers: int = 0,
+                 pin_memory: bool = False, batch_sampler=None) -> DataLoader:
+    """A DataLoader over ``rows`` in order (or in ``batch_sampler``'s batches), whose workers
+    leave stop signals to the run."""
+    sizing = ({"batch_sampler": batch_sampler} if batch_sampler is not None else
+              {"batch_size": batch_size, "shuffle": False})
+    return DataLoader(rows, num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,
+                      persistent_workers=False, worker_init_fn=leave_stop_signals_to_the_run,
+                      **sizing)
 
 
 def leave_stop_signals_to_the_run(worker_id: int) -> None:

@@ -58,7 +58,10 @@ def model_fingerprint(model: nn.Module) -> dict:
 def data_fingerprint(dataset) -> dict:
     """The dataset's length; the relative paths and sizes of its files when it lists them
     (torchvision's ImageFolder and DatasetFolder); and whatever its ``fingerprint()`` adds."""
-    found: dict = {"length": len(dataset)}
+    try:
+        found: dict = {"length": len(dataset)}
+    except TypeError:  # a stream has no length before it is read
+        found = {}
     samples, root = getattr(dataset, "samples", None), getattr(dataset, "root", None)
     if isinstance(samples, list) and root is not None and samples and \
             isinstance(samples[0], (tuple, list)) and isinstance(samples[0][0], (str, Path)):
@@ -106,7 +109,10 @@ def loads(text) -> dict | None:
 
 
 def _crc(tensor: torch.Tensor) -> int:
-    # a checksum of the raw bytes (a few GB/s), taken on the CPU one tensor at a time
+    # a checksum of the raw bytes (a few GB/s), taken on the CPU one tensor at a time; an
+    # offloaded weight (on the meta device, its values on disk) counts by its shape alone
+    if tensor.is_meta:
+        return 0
     data = tensor.detach().to("cpu").contiguous().reshape(-1)
     if data.numel() == 0:
         return 0

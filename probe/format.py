@@ -160,7 +160,8 @@ class FileState:
         return self.num_samples if self.complete else self.num_committed
 
     def progress(self) -> str:
-        return f"{self.num_committed} of {self.num_samples} rows"
+        total = "an unknown number of" if self.num_samples < 0 else self.num_samples
+        return f"{self.num_committed} of {total} rows"
 
 
 def read_state(f: h5py.File, path: str | Path | None = None) -> FileState:

@@ -121,8 +121,10 @@ class Capture:
         self.stop_early = stop_early and not self.needs_grad
         self._armed = False
         # set by take() when copies from a CUDA device are still in flight
-        self.copied: torch.cuda.Event | None = None
-        self._copying = False
+        # the CUDA devices whose device-to-host copies are in flight (a model spread over
+        # several GPUs copies from each), and take()'s events for them
+        self.copied: list[torch.cuda.Event] | None = None
+        self._copying: set[torch.device] = set()
         # "<layer>/<kind>" -> position in the module's tuple output/input, where it was a tuple,
         # or the keyword of an input given by keyword
         self.tuple_positions: dict[str, int | str] = {}
@@ -251,10 +253,11 @@ class Capture:
         values, self._values = {key: self._values[key] for key in self.keys}, {}
         self._armed = self.stop_early
         self.copied = None
-        if self._copying:
-            self.copied = torch.cuda.Event()
-            self.copied.record()
-            self._copying = False
+        if self._copying:  # an event after the copies on each device's stream
+            self.copied = [torch.cuda.Event() for _ in self._copying]
+            for event, device in zip(self.copied, self._copying, strict=True):
+                event.record(torch.cuda.current_stream(device))
+            self._copying = set()
         return values
 
     # -- gradients ----------------------------------------------------------------------------
@@ -358,7 +361,7 @@ class Capture:
             # enqueued now, so it reads the value before any later in-place op on the stream
             host = torch.empty(value.shape, dtype=dtype, pin_memory=True)
             self._values[key] = host.copy_(value.to(dtype), non_blocking=True)
-            self._copying = True
+            self._copying.add(value.device)
         else:
             # A copy, so that a later in-place op cannot reach what is stored; except for the
             # last value of a pass that stops right after it, which nothing can change.

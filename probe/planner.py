@@ -24,11 +24,11 @@ from torch.utils.data import Dataset
 
 from probe.build import build_dataset, build_model
 from probe.config import check_known_keys, option_name
-from probe.data import select_indices
+from probe.data import check_selection, select_indices
 from probe.device import resolve_device
 from probe.dryrun import dry_run
 from probe.errors import ConfigError, OutputError
-from probe.feed import Objective, feed_for
+from probe.feed import Batching, Objective, StreamSlice, feed_for
 from probe.fingerprint import changes, data_fingerprint, dumps, loads, model_fingerprint
 from probe.format import Attr, DatasetSpec, FileState
 from probe.hooks import Capture, parse_hooks
@@ -63,11 +63,14 @@ class Plan:
     config_yaml: str
     locking: bool | str | None
     resume_from: int | None  # None: the file is complete already, there is nothing to do
+    committed: int = 0  # the rows the partial file held when planned (resume_from <= it)
     device: torch.device | None = None
     model: nn.Module | None = None
     dataset: Dataset | None = None
     feed: Any = None  # how the dataset's items reach the model (probe.feed)
-    indices: list[int] = field(default_factory=list)
+    batching: Batching | None = None  # how the samples are cut into batches
+    # the samples this job takes, in order: dataset indices, or the part of a stream
+    indices: list[int] | StreamSlice = field(default_factory=list)
     has_target: bool = False
     objective: Objective | None = None
     capture: Capture | None = None
@@ -82,8 +85,9 @@ class Plan:
         return self.resume_from is None
 
     @property
-    def num_rows(self) -> int:
-        return len(self.indices)
+    def num_rows(self) -> int | None:
+        """The samples this job stores (None for a stream, unknown before it ends)."""
+        return None if isinstance(self.indices, StreamSlice) else len(self.indices)
 
 
 def plan(cfg: DictConfig, *, model: nn.Module | None = None,
@@ -116,15 +120,18 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
         if found.complete:
             log.info("%s is already complete for this config; nothing to do", path)
             return Plan(cfg, path, config_yaml, locking, resume_from=None)
-        log.info("resuming %s after %d committed rows", found.path, found.num_committed)
     resume_from = 0 if found is None else found.num_committed
 
     # 3. what to compute: the samples, the objective, the hooks, and a dry run that finds the
     # shape of every dataset
-    model = model.eval().to(device)
+    model, device = _placed(model.eval(), device, cfg.device)
     feed = feed_for(dataset)
-    indices = select_indices(len(dataset), cfg.limit, cfg.shard.index, cfg.shard.count,
-                             subset=option_name(cfg.subset), seed=int(cfg.seed))
+    batching = _batching(cfg, feed, device)
+    # a window's batches are made from its start: resume there, and they are the same batches
+    resume_from -= resume_from % batching.window
+    if found is not None:
+        log.info("resuming %s after %d committed rows", found.path, resume_from)
+    indices = _selection(cfg, dataset)
     with_target = feed.has_targets(dataset)
     objective, objective_name = feed.objective(cfg.objective, model)
     needs_grad = any(h.needs_grad for h in hooks)
@@ -138,29 +145,70 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
                       dtype=TORCH_DTYPES[option_name(cfg.output.dtype)],
                       stop_early=bool(cfg.stop_early), tokens=option_name(cfg.tokens))
     started = time.perf_counter()
-    datasets = dry_run(capture, feed, feed.dry_batches(dataset, indices[0]), device,
+    first = indices.shard_index if isinstance(indices, StreamSlice) else indices[0]
+    datasets = dry_run(capture, feed, feed.dry_batches(dataset, first), device,
                        objective if needs_grad else None)
     dry_run_seconds = time.perf_counter() - started
     capture.arm()  # the dry run counted every hooked module's runs
     tokens = feed.stored_tokens(dataset, indices) if feed.token_rows else None
-    if tokens is not None:
+    if feed.token_rows:
         datasets.update(feed.token_datasets(dataset))
 
     # 4. what it takes: said in the log, and checked against the free disk space
     sample_bytes = 16 + sum(s.row_bytes for s in datasets.values() if not s.per_token)
     token_bytes = sum(s.row_bytes for s in datasets.values() if s.per_token)
     _log_plan(cfg, capture, device, indices, tokens, sample_bytes, token_bytes, path)
-    if cfg.output.check_free_space:
+    if isinstance(indices, StreamSlice):
+        log.info("a stream's size is not known before it is read: free space is not checked")
+    elif cfg.output.check_free_space:
         left = 0 if tokens is None else int(tokens[resume_from:].sum())
         check_free_space(path.parent,
                          sample_bytes * (len(indices) - resume_from) + token_bytes * left)
     attrs = {**_root_attrs(cfg, capture, objective_name), **feed.attrs(dataset),
              **{key: dumps(value) for key, value in fingerprints.items()}}
     return Plan(cfg, path, config_yaml, locking, resume_from, device=device, model=model,
-                dataset=dataset, feed=feed, indices=indices, has_target=with_target,
+                committed=0 if found is None else found.num_committed, dataset=dataset,
+                feed=feed, batching=batching, indices=indices,
+                has_target=with_target,
                 objective=objective, capture=capture, datasets=datasets, attrs=attrs,
                 num_tokens=None if tokens is None else int(tokens.sum()),
                 row_bytes=sample_bytes, dry_run_seconds=dry_run_seconds)
+
+
+def _selection(cfg: DictConfig, dataset) -> list[int] | StreamSlice:
+    """The samples this job takes: by ``limit``, ``subset`` and ``shard``."""
+    if not getattr(dataset, "streaming", False):
+        return select_indices(len(dataset), cfg.limit, cfg.shard.index, cfg.shard.count,
+                              subset=option_name(cfg.subset), seed=int(cfg.seed))
+    if option_name(cfg.subset) == "random":
+        raise ConfigError("subset=random picks samples from the whole dataset, which a stream "
+                          "cannot; use subset=first, or dataset.streaming=false")
+    check_selection(cfg.limit, int(cfg.shard.index), int(cfg.shard.count))
+    return StreamSlice(None if cfg.limit is None else int(cfg.limit), int(cfg.shard.index),
+                       int(cfg.shard.count))
+
+
+def _placed(model: nn.Module, device: torch.device, asked: str) -> tuple[nn.Module, torch.device]:
+    """The model on ``device``; or, spread over devices by a device map (transformers'
+    device_map=auto), as it is, with the inputs going where its input embeddings live."""
+    if not getattr(model, "hf_device_map", None):
+        return model.to(device), device
+    if str(asked) != "auto":
+        raise ConfigError(f"device={asked} but model.device_map already places the model; "
+                          "leave device=auto")
+    return model, model.get_input_embeddings().weight.device
+
+
+def _batching(cfg: DictConfig, feed, device: torch.device) -> Batching:
+    if cfg.batch_tokens is not None and int(cfg.batch_tokens) < 1:
+        raise ConfigError(f"batch_tokens={cfg.batch_tokens} must be at least 1, or null")
+    if cfg.batch_tokens is not None and not feed.token_rows:
+        raise ConfigError("batch_tokens is a budget of tokens per batch, for language models "
+                          "(dataset=text); use batch_size for this dataset")
+    return Batching(int(cfg.batch_size),
+                    None if cfg.batch_tokens is None else int(cfg.batch_tokens),
+                    bucket=bool(cfg.bucket_by_length) and feed.token_rows,
+                    num_workers=int(cfg.num_workers), pin_memory=device.type == "cuda")
 
 
 def _log_plan(cfg: DictConfig, capture: Capture, device: torch.device, indices: list[int],
@@ -169,8 +217,12 @@ def _log_plan(cfg: DictConfig, capture: Capture, device: torch.device, indices: 
         if is_glob(pattern):
             log.info("layers: %s matches %s", pattern,
                      ", ".join(match_layers(capture.layers, pattern)))
-    size = (f"{len(indices)} samples of {human_bytes(sample_bytes)}" if tokens is None else
-            f"{len(indices)} samples, {int(tokens.sum())} tokens of {human_bytes(token_bytes)}")
+    if isinstance(indices, StreamSlice):
+        size = f"a stream of samples, {human_bytes(token_bytes)} a token"
+    elif tokens is None:
+        size = f"{len(indices)} samples of {human_bytes(sample_bytes)}"
+    else:
+        size = f"{len(indices)} samples, {int(tokens.sum())} tokens of {human_bytes(token_bytes)}"
     log.info("model %s on %s; %d layers x %s; %s -> %s", type(capture.model).__name__, device,
              len(capture.layers), [h.name for h in capture.hooks], size, path)
 

@@ -83,7 +83,7 @@ def _still_as_planned(plan: Plan) -> bool:
     if found is not None and found.complete:
         log.info("%s was completed by another run meanwhile; nothing to do", plan.path)
         return False
-    if (0 if found is None else found.num_committed) != plan.resume_from:
+    if (0 if found is None else found.num_committed) != plan.committed:
         raise OutputError(f"{str(plan.path)!r} changed since this run was planned (another run "
                           "wrote to it); run the command again")
     return True
@@ -92,12 +92,11 @@ def _still_as_planned(plan: Plan) -> bool:
 def _write(plan: Plan, stop: StopRequest) -> Path:
     cfg, capture = plan.cfg, plan.capture
     started = time.perf_counter()
-    loader = plan.feed.loader(plan.dataset, plan.indices[plan.resume_from:],
-                              int(cfg.batch_size), int(cfg.num_workers),
-                              pin_memory=plan.device.type == "cuda")
+    loader = plan.feed.loader(plan.dataset, plan.indices[plan.resume_from:], plan.batching)
     store = Store(plan.path, config_yaml=plan.config_yaml, num_rows=plan.num_rows,
                   datasets=plan.datasets, has_target=plan.has_target,
-                  num_tokens=plan.num_tokens, resume_from=plan.resume_from,
+                  token_rows=plan.feed.token_rows, num_tokens=plan.num_tokens,
+                  resume_from=plan.resume_from,
                   compression=option_name(cfg.output.compression),
                   compression_level=cfg.output.compression_level, attrs=plan.attrs,
                   locking=plan.locking)
@@ -107,26 +106,33 @@ def _write(plan: Plan, stop: StopRequest) -> Path:
                                      ) as writer:
             with capture, _frozen_parameters(plan.model, capture.needs_grad), \
                     _stop_signals(stop):
-                _loop(plan, loader, writer, stop)
+                units = _loop(plan, loader, writer, stop)
             writer.close()
             store.finish()
     except _Stopped:
-        saved = (f"with {store.num_committed} of {plan.num_rows} rows saved in {store.partial}; "
-                 "run the same command again to resume" if store.partial.exists() else
+        of = "" if plan.num_rows is None else f" of {plan.num_rows}"
+        saved = (f"with {store.num_committed}{of} rows saved in {store.partial}; run the same "
+                 "command again to resume" if store.partial.exists() else
                  "before any rows were saved; run the same command again to start")
         name = signal.Signals(stop.signum).name
         raise RunStopped(f"stopped by {name} {saved}", exit_code=128 + int(stop.signum)) from None
-    log.info("wrote %d rows (%s) in %.1f s to %s", plan.num_rows - plan.resume_from,
-             human_bytes(plan.path.stat().st_size), time.perf_counter() - started, plan.path)
+    seconds = time.perf_counter() - started
+    log.info("wrote %d rows (%s) in %.1f s: %.0f %s/s, %s/s, to %s",
+             store.num_written - plan.resume_from, human_bytes(store.bytes_written), seconds,
+             units / seconds, plan.feed.unit, human_bytes(store.bytes_written / seconds),
+             plan.path)
     return plan.path
 
 
-def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> None:
-    """The main loop: one forward (and backward) per batch, captures handed to the writer."""
+def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> int:
+    """The main loop: one forward (and backward) per batch, captures handed to the writer.
+    Returns the units of progress (samples, or tokens) it computed."""
     model, capture, feed = plan.model, plan.capture, plan.feed
-    with tqdm(total=feed.units(plan.dataset, plan.indices), unit=feed.unit, unit_scale=True,
-              initial=feed.units(plan.dataset, plan.indices[:plan.resume_from]),
-              dynamic_ncols=True, mininterval=1.0, desc="probe") as bar:
+    total = feed.units(plan.dataset, plan.indices)  # None for a stream: not known
+    done = 0 if total is None else feed.units(plan.dataset, plan.indices[:plan.resume_from])
+    units = 0
+    with tqdm(total=total, initial=done, unit=feed.unit, unit_scale=True, dynamic_ncols=True,
+              mininterval=1.0, desc="probe") as bar:
         for batch in loader:
             on_device = batch.to(plan.device)
             capture.keep = on_device.keep
@@ -141,10 +147,15 @@ def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> No
                 with torch.inference_mode(), suppress(StopForward):
                     feed.forward(model, on_device)
             writer.put(batch.index, batch.target, {**capture.take(), **batch.token_rows},
-                       ready=capture.copied, lengths=batch.lengths)
+                       ready=capture.copied, lengths=batch.lengths,
+                       window_end=batch.window_end)
+            units += feed.count(batch)
             bar.update(feed.count(batch))
+            bar.set_postfix_str(f"{human_bytes(writer.store.bytes_written)} written",
+                                refresh=False)
             if stop:
                 raise _Stopped
+    return units
 
 
 class _Stopped(Exception):

@@ -26,13 +26,14 @@ import torch
 from probe.errors import ConfigError
 from probe.format import INDEX, OFFSETS, TARGET, TOKEN_ROWS, Attr, DatasetSpec, partial_path
 
-__all__ = ["Store", "chunk_shape", "filter_options"]
+__all__ = ["Store", "chunk_shape", "filter_options", "as_array"]
 
 _CHUNK_BYTES = 2 << 20  # aim for about 2 MiB per chunk (h5py advises 10 KiB to a few MiB)
 # A compressed chunk is written once, when full (see Store._write_rows), so its rows become
 # durable together: few rows per chunk keep commits frequent. A power of two, so that chunks of
 # different datasets all end where the largest ones do.
 _COMPRESSED_CHUNK_ROWS = 32
+_UNKNOWN_ROWS = 1 << 40  # the cap on a chunk's rows when a run's length is not known
 
 
 def chunk_shape(row_shape: tuple[int, ...], itemsize: int, max_rows: int, *,
@@ -102,12 +103,15 @@ class Store:
     later run to resume; a file this store created that holds no committed row is removed.
     """
 
-    def __init__(self, path: Path, *, config_yaml: str, num_rows: int,
+    def __init__(self, path: Path, *, config_yaml: str, num_rows: int | None,
                  datasets: Mapping[str, DatasetSpec], has_target: bool = True,
-                 num_tokens: int | None = None, resume_from: int = 0, compression: str = "none",
-                 compression_level: int | None = None, attrs: Mapping | None = None,
-                 locking: bool | str | None = None):
+                 token_rows: bool = False, num_tokens: int | None = None, resume_from: int = 0,
+                 compression: str = "none", compression_level: int | None = None,
+                 attrs: Mapping | None = None, locking: bool | str | None = None):
+        # num_rows and num_tokens are None where the run cannot know them before it ends (a
+        # streamed corpus): num_samples is then -1 until finish()
         self.path, self.num_rows, self.num_tokens = Path(path), num_rows, num_tokens
+        self.token_rows = token_rows
         self.filter = filter_options(compression, compression_level)
         self.partial = partial_path(self.path)
         self.created = resume_from == 0
@@ -118,6 +122,7 @@ class Store:
         self._file = h5py.File(self.partial, "w" if self.created else "r+", locking=locking,
                                rdcc_nbytes=cache, rdcc_w0=1.0)
         self.num_committed = self.num_written = resume_from
+        self.bytes_written = 0  # by this store, for the progress bar
         # with token rows: the offsets of the samples written so far (num_written + 1 of them)
         self._offsets = np.zeros(1, dtype=np.int64)
         # compressed dataset -> (first row, rows) waiting for their chunk to fill
@@ -152,7 +157,7 @@ class Store:
             "h5py_version": h5py.__version__,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             Attr.COMPLETE: False,
-            Attr.NUM_SAMPLES: self.num_rows,
+            Attr.NUM_SAMPLES: -1 if self.num_rows is None else self.num_rows,
             Attr.NUM_COMMITTED: 0,
         }
         for key, value in {**fixed, **attrs}.items():
@@ -162,7 +167,7 @@ class Store:
             bookkeeping[TARGET] = DatasetSpec((), "int64", compressible=False)
         for name, spec in {**bookkeeping, **datasets}.items():
             self._create(name, spec)
-        if self.num_tokens is not None:
+        if self.token_rows:
             offsets = self._create(OFFSETS, DatasetSpec((), "int64", compressible=False))
             _append_rows(offsets, 0, 1, self._offsets)
 
@@ -173,7 +178,7 @@ class Store:
             # without a fill value to write first, HDF5 may write a new chunk directly (no cache);
             # every row is written before it is read, so the fill value would never be seen
             options = {"fill_time": "never"}
-        rows = self.num_tokens if spec.per_token else self.num_rows
+        rows = (self.num_tokens if spec.per_token else self.num_rows) or _UNKNOWN_ROWS
         dataset = self._file.create_dataset(
             name, shape=(0, *spec.row_shape), maxshape=(None, *spec.row_shape), dtype=dtype,
             chunks=chunk_shape(spec.row_shape, dtype.itemsize, max(1, rows),
@@ -205,23 +210,30 @@ class Store:
     def tokens_written(self) -> int:
         return int(self._offsets[-1])
 
+    @property
+    def per_token_keys(self) -> set[str]:
+        """The datasets with one row per stored token."""
+        return set(self._per_token)
+
     def append(self, index: torch.Tensor, target: torch.Tensor | None,
                values: Mapping[str, torch.Tensor | np.ndarray],
                lengths: torch.Tensor | np.ndarray | None = None) -> None:
         """Write one batch of rows after the ones already written; ``lengths`` (the token rows
         of each sample) for a run with rows per token."""
         start, stop = self.num_written, self.num_written + len(index)
-        if stop > self.num_rows:
+        if self.num_rows is not None and stop > self.num_rows:
             raise ValueError(f"{stop} rows would exceed the run's {self.num_rows}")
         token_start = self.tokens_written
-        if self.num_tokens is not None:
+        if self.token_rows:
             ends = token_start + np.cumsum(np.asarray(lengths, dtype=np.int64))
             _append_rows(self._file[OFFSETS], start + 1, stop + 1, ends)
             self._offsets = np.concatenate([self._offsets, ends])
         for key, value in values.items():
             first, total = ((token_start, self.num_tokens) if key in self._per_token
                             else (start, self.num_rows))
-            self._write_rows(key, first, _as_array(value), total)
+            array = as_array(value)
+            self._write_rows(key, first, array, total)
+            self.bytes_written += array.nbytes
         _append_rows(self._file[INDEX], start, stop, np.asarray(index))
         if TARGET in self._file:
             _append_rows(self._file[TARGET], start, stop, np.asarray(target))
@@ -261,11 +273,15 @@ class Store:
 
     def finish(self) -> Path:
         """Mark the file complete and move it to its final path."""
-        if self.num_written != self.num_rows:
+        if self.num_rows is not None and self.num_written != self.num_rows:
             raise RuntimeError(f"finish() after {self.num_written} of {self.num_rows} rows")
         if self.num_tokens is not None and self.tokens_written != self.num_tokens:
             raise RuntimeError(f"finish() after {self.tokens_written} of {self.num_tokens} "
                                "token rows")
+        for key, (first, waiting) in list(self._pending.items()):  # the last, short chunks
+            _append_rows(self._file[key], first, first + len(waiting), waiting)
+            del self._pending[key]
+        self._file.attrs[Attr.NUM_SAMPLES] = self.num_written
         self._file.attrs[Attr.COMPLETE] = True
         self.commit()
         self._file.close()
@@ -289,7 +305,8 @@ def attr_value(value):
     return str(value) if isinstance(value, str) else value
 
 
-def _as_array(value: torch.Tensor | np.ndarray) -> np.ndarray:
+def as_array(value: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A captured value as the numpy array the store writes (bfloat16 as its raw bits)."""
     if not isinstance(value, torch.Tensor):
         return np.asarray(value)
     if value.dtype == torch.bfloat16:  # stored as its raw bits: numpy has no bfloat16

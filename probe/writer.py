@@ -2,6 +2,8 @@
 
 The loop hands over each batch and goes on computing while the previous one is written, so a
 run takes about max(compute, write) rather than their sum; the queue bound keeps memory flat.
+Batches that end no window (a language model's length-bucketed batches, probe.text.batching)
+wait here until their window is complete, and its rows go to the store in dataset order.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ import queue
 import threading
 import time
 
-from probe.store import Store
+import numpy as np
+
+from probe.store import Store, as_array
 
 __all__ = ["BackgroundWriter"]
 
@@ -55,13 +59,15 @@ class BackgroundWriter:
         except BaseException as err:  # the block's own error is the one to report
             log.debug("writer stopped with %r", err)
 
-    def put(self, index, target, values, ready=None, lengths=None) -> None:
+    def put(self, index, target, values, ready=None, lengths=None,
+            window_end: bool = True) -> None:
         """Queue one batch; blocks while ``max_pending`` batches wait. Raises a write error.
 
-        ``ready`` is a CUDA event that completes when the device-to-host copies of ``values``
+        ``ready`` are CUDA events that complete when the device-to-host copies of ``values``
         have landed (None for values already on the host); ``lengths`` are the token rows of
-        each sample, for a run with rows per token."""
-        item = (index, target, values, ready, lengths)
+        each sample, for a run with rows per token; a batch that does not end its window is
+        held until one that does."""
+        item = (index, target, values, lengths, ready, window_end)
         while True:
             self._raise_if_failed()
             try:
@@ -82,13 +88,19 @@ class BackgroundWriter:
             raise self._error
 
     def _work(self) -> None:
-        batches, last_commit = 0, time.monotonic()
+        batches, last_commit, window = 0, time.monotonic(), []
         try:
             while (item := self._queue.get()) is not _STOP:
-                index, target, values, ready, lengths = item
-                if ready is not None:
-                    ready.synchronize()
-                self.store.append(index, target, values, lengths)
+                *part, ready, window_end = item
+                for event in ready or ():
+                    event.synchronize()
+                window.append(part)
+                if not window_end:
+                    continue
+                in_order = len(window) == 1 and bool((np.diff(np.asarray(window[0][0])) > 0).all())
+                self.store.append(*(window[0] if in_order else
+                                    in_dataset_order(window, self.store.per_token_keys)))
+                window = []
                 batches += 1
                 if (batches % self._commit_batches == 0
                         or time.monotonic() - last_commit >= self._commit_seconds):
@@ -100,3 +112,25 @@ class BackgroundWriter:
             # keep taking items so a blocked put() sees the error instead of waiting forever
             while self._queue.get() is not _STOP:
                 pass
+
+
+def in_dataset_order(parts: list, per_token: set[str]) -> tuple:
+    """Batches ``(index, target, values, lengths)`` joined into one, rows in the order of their
+    index (dataset order); a sample's rows per token move as one block."""
+    index = np.concatenate([np.asarray(p[0]) for p in parts])
+    order = np.argsort(index, kind="stable")
+    target = (None if parts[0][1] is None else
+              np.concatenate([np.asarray(p[1]) for p in parts])[order])
+    lengths = (None if parts[0][3] is None else
+               np.concatenate([np.asarray(p[3]) for p in parts]))
+    rows = None
+    if lengths is not None:  # where each sample's token rows go: its block, in the new order
+        starts = np.cumsum(lengths) - lengths
+        moved = lengths[order]
+        rows = np.arange(int(moved.sum())) + np.repeat(starts[order] - (np.cumsum(moved) - moved),
+                                                        moved)
+    values = {}
+    for key in parts[0][2]:
+        joined = np.concatenate([as_array(p[2][key]) for p in parts])
+        values[key] = joined[rows] if key in per_token else joined[order]
+    return index[order], target, values, None if lengths is None else lengths[order]

@@ -46,7 +46,8 @@ def test_cuda_copies_are_taken_before_the_inplace_relu(checkpoints):
     with probe.attach(model, ["features.28"]) as cap, torch.inference_mode():
         model(images)
         values = cap.take()
-        cap.copied.synchronize()
+        for event in cap.copied:
+            event.synchronize()
     stored = values["features.28/output"]
     assert stored.is_pinned() and (stored < 0).any()
     with torch.inference_mode():

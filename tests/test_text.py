@@ -109,6 +109,45 @@ def test_batch_size_does_not_change_the_file(text_cfg, tmp_path):
                                    seven["transformer.h.1/output"][:], rtol=1e-5, atol=1e-5)
 
 
+def test_bucketed_batches_give_the_same_file(text_cfg, tmp_path):
+    keys = ("index", "offsets", "input_ids", "positions", "transformer.h.1/output")
+    files = {name: probe.run(text_cfg("layers=[transformer.h.1]", "batch_size=2", *extra,
+                                      output=tmp_path / f"{name}.h5"))
+             for name, extra in (("plain", ["bucket_by_length=false"]), ("bucketed", []),
+                                 ("budget", ["batch_tokens=70"]))}
+    with h5py.File(files["plain"], "r") as plain:
+        for name in ("bucketed", "budget"):
+            with h5py.File(files[name], "r") as other:
+                for key in keys[:-1]:
+                    np.testing.assert_array_equal(other[key][:], plain[key][:], err_msg=key)
+                np.testing.assert_allclose(other[keys[-1]][:], plain[keys[-1]][:], rtol=1e-5,
+                                           atol=1e-5)
+
+
+def test_batch_plans_cover_every_sample_once_by_length_and_budget():
+    from probe.feed import Batching
+    from probe.text.batching import plan_batches
+
+    lengths = np.random.default_rng(0).integers(1, 100, 50)
+    for batching in (Batching(4), Batching(4, bucket=True), Batching(4, 150),
+                     Batching(4, 150, bucket=True)):
+        planned = plan_batches(lengths, batching)
+        joined = np.concatenate([positions for positions, _ in planned])
+        assert sorted(joined.tolist()) == list(range(50))
+        ends = [n for n, (_, end) in enumerate(planned) if end]
+        windows = [np.concatenate([p for p, _ in planned[a + 1:b + 1]])
+                   for a, b in zip([-1, *ends], ends, strict=False)]
+        for window in windows:  # a window holds consecutive samples
+            assert window.max() - window.min() == len(window) - 1
+            if batching.bucket:
+                assert (np.diff(lengths[window]) >= 0).all()
+        for positions, _ in planned:
+            if batching.batch_tokens and len(positions) > 1:
+                assert lengths[positions].max() * len(positions) <= batching.batch_tokens
+            if not batching.batch_tokens:
+                assert len(positions) <= 4
+
+
 def test_nll_gradients_are_each_documents_own(text_cfg, reference):
     model, tokenizer, _ = reference
     path = probe.run(text_cfg("layers=[transformer.h.0]", "hooks=[backward,backward_input]",
@@ -162,17 +201,22 @@ def test_packing_fills_windows_and_records_documents(text_cfg, reference):
                                        rtol=1e-5, atol=1e-5)
 
 
-def test_interrupted_text_run_resumes_to_the_same_file(text_cfg, tmp_path, monkeypatch):
-    # compressed token rows wait for their chunk: the commit must count whole samples only
-    overrides = ["layers=[transformer.h.0]", "batch_size=2", "output.commit_every=1",
-                 "output.compression=lzf"]
-    whole = probe.run(text_cfg(*overrides, output=tmp_path / "whole.h5"))
-    interrupt_after(monkeypatch, 3)
+def test_interrupted_bucketed_run_resumes_to_the_same_file(make_cfg, tiny_lm, tmp_path,
+                                                           monkeypatch):
+    # 60 documents in windows of 16 batches of 2: a window is written once complete, and a
+    # resume starts at a window's start, so the batches, and the bytes, are the same; with lzf,
+    # token rows also wait for their chunk, so the commit counts whole samples only
+    docs = write_jsonl(tmp_path / "docs.jsonl", documents(60, seed=2, high=20))
+    overrides = ["model=transformers", f"model.name={tiny_lm}", "dataset=text",
+                 f"dataset.path={docs}", "layers=[transformer.h.0]", "batch_size=2",
+                 "output.commit_every=1", "output.compression=lzf"]
+    whole = probe.run(make_cfg(*overrides, output=tmp_path / "whole.h5"))
+    interrupt_after(monkeypatch, 20)
     with pytest.raises(KeyboardInterrupt):
-        probe.run(text_cfg(*overrides, output=tmp_path / "resumed.h5"))
+        probe.run(make_cfg(*overrides, output=tmp_path / "resumed.h5"))
     with probe.open(tmp_path / "resumed.h5", allow_partial=True) as f:
-        assert 0 < f.num_rows < len(DOCS)
-    probe.run(text_cfg(*overrides, output=tmp_path / "resumed.h5"))
+        assert 0 < f.num_rows < 60
+    probe.run(make_cfg(*overrides, output=tmp_path / "resumed.h5"))
     assert_same_datasets(whole, tmp_path / "resumed.h5", ("index", "offsets", "input_ids",
                                                          "positions", "transformer.h.0/output"))
 
@@ -327,3 +371,56 @@ def test_sigkill_then_resume_a_text_run(tiny_lm, tmp_path):
     whole = probe.run(compose_cfg(*args[:-1], output=tmp_path / "whole.h5", tiny=False))
     assert_same_datasets(tmp_path / "f.h5", whole, ("index", "offsets", "input_ids",
                                                    "transformer.h.1/output"))
+
+
+@pytest.mark.parametrize("extra", [[], ["limit=9", "shard.count=2", "shard.index=1"],
+                                   ["dataset.packing=true", "dataset.max_length=16"]])
+def test_a_streamed_corpus_gives_the_same_rows(text_cfg, tmp_path, extra):
+    keys = ["index", "offsets", "input_ids", "positions", "transformer.h.0/output"]
+    if extra and "dataset.packing=true" in extra:
+        keys.append("document")
+    read = probe.run(text_cfg("layers=[transformer.h.0]", *extra, output=tmp_path / "read.h5"))
+    streamed = probe.run(text_cfg("layers=[transformer.h.0]", "dataset.streaming=true", *extra,
+                                  output=tmp_path / "streamed.h5"))
+    with h5py.File(read, "r") as a, h5py.File(streamed, "r") as b:
+        assert b.attrs["streaming"] and b.attrs["num_samples"] == a.attrs["num_samples"]
+        for key in keys:
+            np.testing.assert_allclose(b[key][:], a[key][:], rtol=1e-5, atol=1e-5, err_msg=key)
+
+
+def test_an_interrupted_stream_resumes_to_the_same_file(make_cfg, tiny_lm, tmp_path,
+                                                        monkeypatch):
+    docs = write_jsonl(tmp_path / "docs.jsonl", documents(60, seed=3, high=20))
+    overrides = ["model=transformers", f"model.name={tiny_lm}", "dataset=text",
+                 f"dataset.path={docs}", "dataset.streaming=true", "layers=[transformer.h.0]",
+                 "batch_size=2", "output.commit_every=1"]
+    whole = probe.run(make_cfg(*overrides, output=tmp_path / "whole.h5"))
+    interrupt_after(monkeypatch, 20)
+    with pytest.raises(KeyboardInterrupt):
+        probe.run(make_cfg(*overrides, output=tmp_path / "resumed.h5"))
+    with probe.open(tmp_path / "resumed.h5", allow_partial=True) as f:
+        assert 0 < f.num_rows < 60 and f.attrs["num_samples"] == -1  # not known yet
+    probe.run(make_cfg(*overrides, output=tmp_path / "resumed.h5"))
+    assert_same_datasets(whole, tmp_path / "resumed.h5", ("index", "offsets", "input_ids",
+                                                         "transformer.h.0/output"))
+    with probe.open(tmp_path / "resumed.h5") as f:
+        assert f.num_rows == 60
+
+
+def test_device_maps_equal_the_plain_run(text_cfg, tmp_path):
+    # on this machine every device is the CPU; a GPU node spreads the same map over its GPUs
+    pytest.importorskip("accelerate")
+    plain = probe.run(text_cfg("layers=[transformer.h.1]", output=tmp_path / "plain.h5"))
+    # block 1 offloaded to disk: accelerate places the model and loads the block as it runs
+    places = {"transformer.wte": "cpu", "transformer.wpe": "cpu", "transformer.drop": "cpu",
+              "transformer.h.0": "cpu", "transformer.h.1": "disk", "transformer.ln_f": "cpu",
+              "lm_head": "cpu"}
+    offload = ["model.device_map={" + ",".join(f"{k}:{v}" for k, v in places.items()) + "}",
+               f"model.offload_folder={tmp_path / 'offload'}"]
+    for name, extra in (("auto", ["model.device_map=auto"]), ("offload", offload)):
+        mapped = probe.run(text_cfg("layers=[transformer.h.1]", *extra,
+                                    output=tmp_path / f"{name}.h5"))
+        assert_same_datasets(plain, mapped, ("index", "offsets", "transformer.h.1/output"))
+    with pytest.raises(ConfigError, match="leave device=auto"):
+        probe.run(text_cfg("layers=[transformer.h.1]", "device=cpu", *offload,
+                           output=tmp_path / "refused.h5"))

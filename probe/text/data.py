@@ -13,6 +13,9 @@ Two ways to cut a corpus into samples:
 - ``packing=true``: documents joined with the tokenizer's end-of-text token, cut into windows
   of ``max_length`` tokens (the last window may be shorter): no padding, nothing truncated.
   Each window is a sample; ``/document`` records which document each token came from.
+
+``streaming=true`` reads the corpus as a stream instead (probe.text.stream): for corpora larger
+than memory or the disk's cache.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ import torch
 from torch.utils.data import Dataset
 
 from probe.errors import ConfigError, DataError
+from probe.feed import StreamSlice
 from probe.text.feed import TextFeed
+from probe.text.stream import pack, stream_items
 
 __all__ = ["TextDataset"]
 
@@ -48,6 +53,9 @@ class TextDataset(Dataset):
         item = data[0]      # input_ids (L,) int64, keep (L,) bool: positions whose rows are
                             # stored; target: int (-1 without label_column)
 
+    With ``streaming`` the dataset has no length and is read as a stream (probe.text.stream);
+    ``data[i]`` then reads the stream up to sample i.
+
     Raises:
         DataError: a path that does not exist, a file kind ``datasets`` cannot read.
         ConfigError: a column that is not in the data, labels that are not integers, a
@@ -59,77 +67,111 @@ class TextDataset(Dataset):
     def __init__(self, path: str | None = None, name: str | None = None, split: str = "train",
                  column: str = "text", label_column: str | None = None, max_length: int = 128,
                  tokenizer: str | None = None, packing: bool = False,
-                 exclude_special: bool = False):
+                 exclude_special: bool = False, streaming: bool = False):
         if int(max_length) < 1:
             raise ConfigError(f"dataset.max_length={max_length} must be at least 1")
         self.max_length, self.packing = int(max_length), bool(packing)
-        self.exclude_special = bool(exclude_special)
+        self.exclude_special, self.streaming = bool(exclude_special), bool(streaming)
         self.files = _files(path) if path is not None else []
         self.source = str(path) if path is not None else f"{name}:{split}"
         self.tokenizer_name = _required(tokenizer, "tokenizer", "the model's name or folder")
         self.tokenizer = _tokenizer(self.tokenizer_name)
-        self.rows = _load(self.files, name, split)
-        self.column = _column(self.rows, column, "column", self.source)
-        self.labels = None if label_column is None else _labels(self.rows, str(label_column),
-                                                                self.source)
-        if self.packing and self.labels is not None:
+        self.rows = _load(self.files, name, split, self.streaming)
+        columns = _columns(self.rows)
+        self.column = _column(columns, column, "column", self.source)
+        self.label_column = (None if label_column is None else
+                             _column(columns, str(label_column), "label_column", self.source))
+        if self.packing and self.label_column is not None:
             raise ConfigError("dataset.label_column with dataset.packing=true: a window holds "
                               "several documents, so it has no one label; use packing=false")
+        self.labels = None
+        if self.label_column is not None and not self.streaming:
+            self.labels = _labels(np.asarray(self.rows[self.label_column]), self.label_column)
         self.special = np.asarray(sorted(self.tokenizer.all_special_ids), dtype=np.int64)
         self.truncated: set[int] = set()
         self._ids: dict[int, np.ndarray] = {}  # document -> token ids, tokenized on demand
-        self._windows: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        if self.packing:
-            self._windows = self._pack()
+        self._packed: list[dict] | None = None
+        if self.packing and not self.streaming:
+            self._packed = [item for _, item in pack(self)]
 
     def __len__(self) -> int:
-        return len(self._windows[2]) - 1 if self.packing else len(self.rows)
+        if self.streaming:
+            raise TypeError("a streamed dataset has no length before it is read to its end")
+        return len(self._packed) if self.packing else len(self.rows)
 
     def __getitem__(self, index: int) -> dict:
+        if self.streaming:  # read up to it (the dry run's first sample, a cheap read)
+            found = next((item for i, item in stream_items(self, StreamSlice(index + 1))
+                          if i == index), None)
+            if found is None:
+                raise IndexError(f"index {index} is past the end of the stream")
+            return found
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} samples")
         if self.packing:
-            tokens, documents, starts = self._windows
-            ids = tokens[starts[index]:starts[index + 1]]
-            document = torch.from_numpy(documents[starts[index]:starts[index + 1]])
-            target = -1
-        else:
-            ids = self.tokens([index])[0]
-            document = None
-            target = -1 if self.labels is None else int(self.labels[index])
+            return self._packed[index]
+        target = -1 if self.labels is None else int(self.labels[index])
+        return self.item(self.tokens([index])[0], target, None)
+
+    def item(self, ids: np.ndarray, target: int, document: np.ndarray | None) -> dict:
+        """A sample from its token ids: which positions are stored, its target, documents."""
         keep = ~np.isin(ids, self.special) if self.exclude_special else np.ones(len(ids), bool)
         return {"input_ids": torch.from_numpy(ids.astype(np.int64)),
-                "keep": torch.from_numpy(keep), "target": target, "document": document}
+                "keep": torch.from_numpy(keep), "target": target,
+                "document": None if document is None else torch.from_numpy(document)}
+
+    def tokenize(self, texts: list[str], indices: list[int]) -> list[np.ndarray]:
+        """The token ids of documents, special tokens included, truncated to max_length (and
+        their ``indices`` noted in ``truncated``)."""
+        ids = self.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
+        long = [n for n, row in enumerate(ids) if len(row) > self.max_length]
+        if long:  # again with the tokenizer's own truncation, which keeps end tokens
+            cut = self.tokenizer([texts[n] for n in long], add_special_tokens=True,
+                                 truncation=True, max_length=self.max_length)["input_ids"]
+            for n, row in zip(long, cut, strict=True):
+                ids[n] = row
+            self.truncated.update(indices[n] for n in long)
+        return [np.asarray(row, dtype=np.int32) for row in ids]
 
     def tokens(self, indices: list[int]) -> list[np.ndarray]:
         """The token ids of documents ``indices``, tokenizing those not seen yet."""
         todo = [i for i in dict.fromkeys(indices) if i not in self._ids]
         for start in range(0, len(todo), _TOKENIZE_BATCH):
             batch = todo[start:start + _TOKENIZE_BATCH]
-            texts = self.rows[batch][self.column]
-            ids = self.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
-            long = [n for n, row in enumerate(ids) if len(row) > self.max_length]
-            if long:  # again with the tokenizer's own truncation, which keeps end tokens
-                cut = self.tokenizer([texts[n] for n in long], add_special_tokens=True,
-                                     truncation=True, max_length=self.max_length)["input_ids"]
-                for n, row in zip(long, cut, strict=True):
-                    ids[n] = row
-                self.truncated.update(batch[n] for n in long)
-            self._ids.update({i: np.asarray(row, dtype=np.int32) for i, row in zip(batch, ids,
-                                                                                 strict=True)})
+            self._ids.update(zip(batch, self.tokenize(self.rows[batch][self.column], batch),
+                                 strict=True))
         return [self._ids[i] for i in indices]
+
+    def separator(self) -> int:
+        """The token that packing puts after each document.
+
+        Raises:
+            ConfigError: the tokenizer has no end-of-text (or separator) token.
+        """
+        for token in (self.tokenizer.eos_token_id, self.tokenizer.sep_token_id):
+            if token is not None:
+                return int(token)
+        raise ConfigError(f"dataset.packing=true needs an end-of-text token, and the tokenizer "
+                          f"{self.tokenizer_name!r} has none (no eos_token, no sep_token); use "
+                          "packing=false")
+
+    def lengths(self, indices: list[int]) -> np.ndarray:
+        """How many tokens each of these samples feeds the model (special tokens included)."""
+        if self.packing:
+            return np.asarray([len(self._packed[i]["input_ids"]) for i in indices],
+                              dtype=np.int64)
+        return np.asarray([len(ids) for ids in self.tokens(indices)], dtype=np.int64)
 
     def stored_lengths(self, indices: list[int]) -> np.ndarray:
         """How many token rows each of these samples stores."""
         if self.packing:
-            tokens, _, starts = self._windows
-            windows = [tokens[starts[i]:starts[i + 1]] for i in indices]
-        else:
-            windows = self.tokens(indices)
-            if self.truncated:
-                log.info("%d of %d documents are longer than dataset.max_length=%d tokens and "
-                         "were truncated", len(self.truncated & set(indices)), len(indices),
-                         self.max_length)
+            return np.asarray([int(self._packed[i]["keep"].sum()) for i in indices],
+                              dtype=np.int64)
+        windows = self.tokens(indices)
+        if self.truncated:
+            log.info("%d of %d documents are longer than dataset.max_length=%d tokens and "
+                     "were truncated", len(self.truncated & set(indices)), len(indices),
+                     self.max_length)
         if not self.exclude_special:
             return np.asarray([len(w) for w in windows], dtype=np.int64)
         return np.asarray([int((~np.isin(w, self.special)).sum()) for w in windows],
@@ -146,26 +188,6 @@ class TextDataset(Dataset):
         vocab = backend.to_str() if backend is not None else str(sorted(
             self.tokenizer.get_vocab().items()))
         return {"text_files": _digest("\n".join(lines)), "tokenizer": _digest(vocab)}
-
-    def _pack(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        # every document, then the end-of-text token, in one stream cut into windows
-        separator = self.tokenizer.eos_token_id
-        if separator is None:
-            separator = self.tokenizer.sep_token_id
-        if separator is None:
-            raise ConfigError(f"dataset.packing=true needs an end-of-text token, and the "
-                              f"tokenizer {self.tokenizer_name!r} has none (no eos_token, no "
-                              "sep_token); use packing=false")
-        tokens, documents = [], []
-        for start in range(0, len(self.rows), _TOKENIZE_BATCH):
-            texts = self.rows[start:start + _TOKENIZE_BATCH][self.column]
-            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-            for n, row in enumerate(ids):
-                tokens.append(np.asarray([*row, separator], dtype=np.int32))
-                documents.append(np.full(len(row) + 1, start + n, dtype=np.int64))
-        stream = np.concatenate(tokens) if tokens else np.zeros(0, np.int32)
-        starts = np.append(np.arange(0, len(stream), self.max_length), len(stream))
-        return stream, np.concatenate(documents) if documents else np.zeros(0, np.int64), starts
 
 
 def _required(value, key: str, what: str) -> str:
@@ -191,13 +213,14 @@ def _files(path: str) -> list[Path]:
     return files
 
 
-def _load(files: list[Path], name: str | None, split: str):
+def _load(files: list[Path], name: str | None, split: str, streaming: bool):
     import datasets
 
     datasets.disable_progress_bars()
     if files:
         builder = _BUILDERS[files[0].suffix]
-        rows = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
+        rows = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train",
+                                     streaming=streaming)
         if builder == "text":  # one document per line: blank lines are not documents
             rows = rows.filter(lambda row: bool(row["text"].strip()))
         return rows
@@ -205,23 +228,29 @@ def _load(files: list[Path], name: str | None, split: str):
         raise ConfigError("dataset=text needs dataset.path (a file or folder) or dataset.name "
                           "(a Hugging Face dataset) with dataset.split")
     try:
-        return datasets.load_dataset(str(name), split=str(split))
+        return datasets.load_dataset(str(name), split=str(split), streaming=streaming)
     except (FileNotFoundError, ConnectionError, OSError) as err:
         first = str(err).strip().splitlines()[0]
         raise DataError(f"dataset.name={name!r}, split={split!r}: cannot load it ({first}); "
                         "offline, only datasets already in the Hugging Face cache load") from None
 
 
-def _column(rows, column: str, key: str, source: str) -> str:
-    if column not in rows.column_names:
+def _columns(rows) -> list[str]:
+    # a stream may not know its columns before its first row is read
+    if rows.column_names is not None:
+        return list(rows.column_names)
+    first = next(iter(rows), None)
+    return [] if first is None else list(first)
+
+
+def _column(columns: list[str], column: str, key: str, source: str) -> str:
+    if column not in columns:
         raise ConfigError(f"dataset.{key}={column!r} is not a column of {source}; it has "
-                          f"{', '.join(rows.column_names)}")
+                          f"{', '.join(columns)}")
     return column
 
 
-def _labels(rows, column: str, source: str) -> np.ndarray:
-    _column(rows, column, "label_column", source)
-    values = np.asarray(rows[column])
+def _labels(values: np.ndarray, column: str) -> np.ndarray:
     if values.dtype.kind not in "iub":
         raise ConfigError(f"dataset.label_column={column!r} holds {values.dtype} values; it must "
                           "hold integer class numbers")

@@ -23,8 +23,10 @@ from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
 from probe.errors import ConfigError
-from probe.feed import Batch, Objective, batch_loader
+from probe.feed import Batch, Batching, Objective, StreamSlice, batch_loader
 from probe.format import DOCUMENT, INPUT_IDS, POSITIONS, DatasetSpec
+from probe.text.batching import plan_batches
+from probe.text.stream import stream_items
 
 __all__ = ["TextFeed", "nll", "top1", "target"]
 
@@ -37,12 +39,39 @@ class TextFeed:
     hint = "a dataset.max_length beyond the model's positions?"
 
     def has_targets(self, dataset) -> bool:
-        return dataset.labels is not None
+        return dataset.label_column is not None
 
-    def loader(self, dataset, indices: list[int], batch_size: int, num_workers: int = 0,
-               pin_memory: bool = False):
-        return batch_loader(_Rows(dataset, indices), self.collate, batch_size, num_workers,
-                            pin_memory)
+    def loader(self, dataset, indices: list[int] | StreamSlice, batching: Batching):
+        """Batches over ``indices``: in dataset order, or bucketed by length within windows
+        (each batch says whether it ends its window; probe.text.batching)."""
+        if isinstance(indices, StreamSlice):
+            yield from self._streamed(dataset, indices, batching)
+            return
+        planned = plan_batches(dataset.lengths(indices), batching)
+        loader = batch_loader(_Rows(dataset, indices), self.collate,
+                              num_workers=batching.num_workers, pin_memory=batching.pin_memory,
+                              batch_sampler=[positions.tolist() for positions, _ in planned])
+        for batch, (_, window_end) in zip(loader, planned, strict=True):
+            batch.window_end = window_end
+            yield batch
+
+    def _streamed(self, dataset, selection: StreamSlice, batching: Batching):
+        # the stream's samples a window at a time, cut into batches as from a list
+        window = batching.window if batching.window > 1 else batching.batch_size
+        rows: list[tuple[int, dict]] = []
+        for row in stream_items(dataset, selection):
+            rows.append(row)
+            if len(rows) == window:
+                yield from self._batches_of(rows, batching)
+                rows = []
+        yield from self._batches_of(rows, batching)
+
+    def _batches_of(self, rows: list[tuple[int, dict]], batching: Batching):
+        lengths = np.asarray([len(item["input_ids"]) for _, item in rows], dtype=np.int64)
+        for positions, window_end in plan_batches(lengths, batching):
+            batch = self.collate([rows[p] for p in positions])
+            batch.window_end = window_end
+            yield batch
 
     def dry_batches(self, dataset, index: int) -> list[Batch]:
         """The sample alone, and again one position shorter (or, for a sample of one token,
@@ -110,8 +139,9 @@ class TextFeed:
             )
         return _checked(function), str(spec)
 
-    def stored_tokens(self, dataset, indices: list[int]) -> np.ndarray:
-        return dataset.stored_lengths(indices)
+    def stored_tokens(self, dataset, indices: list[int] | StreamSlice) -> np.ndarray | None:
+        """The token rows each sample stores (None for a stream: unknown before it is read)."""
+        return None if isinstance(indices, StreamSlice) else dataset.stored_lengths(indices)
 
     def token_datasets(self, dataset) -> dict[str, DatasetSpec]:
         """The per-token bookkeeping a text run stores beside the layers."""
@@ -124,12 +154,15 @@ class TextFeed:
     def attrs(self, dataset) -> dict:
         return {"tokenizer": dataset.tokenizer_name, "max_length": dataset.max_length,
                 "packing": dataset.packing, "exclude_special": dataset.exclude_special,
+                "streaming": dataset.streaming,
                 "truncated_documents": len(dataset.truncated)}
 
     def count(self, batch: Batch) -> int:
         return int(batch.keep.sum())
 
-    def units(self, dataset, indices: list[int]) -> int:
+    def units(self, dataset, indices: list[int] | StreamSlice) -> int | None:
+        if isinstance(indices, StreamSlice):
+            return None
         return int(dataset.stored_lengths(indices).sum()) if indices else 0
 
     def describe(self, batch: Batch) -> str:

@@ -28,7 +28,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def transformers_model(name: str, weights: str | None = "pretrained", head: str = "causal_lm",
-                       dtype: str = "float32", trust_remote_code: bool = False) -> nn.Module:
+                       dtype: str = "float32", trust_remote_code: bool = False,
+                       device_map: str | dict | None = None,
+                       offload_folder: str | None = None) -> nn.Module:
     """A transformers model in eval mode, its key/value cache off.
 
     Args:
@@ -38,6 +40,10 @@ def transformers_model(name: str, weights: str | None = "pretrained", head: str 
         head: causal_lm, masked_lm, sequence_classification, or base (no head).
         dtype: float32, bfloat16 or float16.
         trust_remote_code: run the model's own code from the Hub (off unless set).
+        device_map: ``auto`` spreads a model larger than one device over the GPUs of the node
+            (then CPU memory), through accelerate, as ``from_pretrained`` does; or an explicit
+            {module: device} map. None: the whole model on the run's ``device``.
+        offload_folder: where a device map's ``disk`` modules keep their weights.
 
     Raises:
         ConfigError: an unknown head, dtype or weights value.
@@ -54,11 +60,22 @@ def transformers_model(name: str, weights: str | None = "pretrained", head: str 
             raise ConfigError(f"model.{key}={value!r} is unknown; use one of {choices}")
     source = _source(str(name))
     options = {"trust_remote_code": bool(trust_remote_code)}
+    if device_map is not None:
+        if weights != "pretrained":
+            raise ConfigError("model.device_map places pretrained weights as they load; it needs "
+                              "model.weights=pretrained")
+        try:
+            import accelerate  # noqa: F401  (from_pretrained places the model through it)
+        except ImportError:
+            raise ConfigError("model.device_map needs accelerate: pip install 'probe[text]'") \
+                from None
     try:
         config = transformers.AutoConfig.from_pretrained(source, **options)
         auto = getattr(transformers, HEADS[head])
         if weights == "pretrained":
-            model = auto.from_pretrained(source, config=config, dtype=_DTYPES[dtype], **options)
+            model = auto.from_pretrained(source, config=config, dtype=_DTYPES[dtype],
+                                         device_map=_plain(device_map),
+                                         offload_folder=offload_folder, **options)
         else:
             model = auto.from_config(config, **options).to(_DTYPES[dtype])
     except OSError as err:
@@ -69,6 +86,11 @@ def transformers_model(name: str, weights: str | None = "pretrained", head: str 
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
     return model.eval()
+
+
+def _plain(device_map):
+    # a map given in the config arrives as a DictConfig; transformers wants a dict
+    return dict(device_map) if hasattr(device_map, "items") else device_map
 
 
 def head_of(model: nn.Module) -> str:
