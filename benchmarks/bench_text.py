@@ -129,6 +129,22 @@ def report(name: str, ours: float, base_name: str, base: float, target: float, t
           f"({verdict} <= {target:.2f})", flush=True)
 
 
+def compare(args, model, dataset, tokens: int, name: str, extra: list[str], baseline,
+            base_name: str, targets: tuple[float, float]) -> None:
+    """probe with and without bucketing against the baseline, alternating, medians."""
+    model_dir, docs = Path(model.name_or_path), Path(dataset.source)
+    bucketed = _cfg(model_dir, docs, docs.with_name("b.h5"), *extra)
+    plain = _cfg(model_dir, docs, docs.with_name("p.h5"), *extra, "bucket_by_length=false")
+    ours, unbucketed, base = [], [], []
+    for _ in range(args.repeat):
+        ours.append(probe_run(bucketed, model, dataset))
+        unbucketed.append(probe_run(plain, model, dataset))
+        base.append(baseline())
+    report(name, statistics.median(ours), base_name, statistics.median(base), targets[0], tokens)
+    report("  without bucketing", statistics.median(unbucketed), base_name,
+           statistics.median(base), targets[1], tokens)
+
+
 def peak_rss_mib(model_dir: Path, docs: Path, out: Path) -> float:
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
             "from benchmarks.bench_text import _cfg\nimport probe\nfrom pathlib import Path\n"
@@ -174,30 +190,13 @@ def main() -> None:
         if "forward" in (args.case or ["forward"]):
             head = copy.deepcopy(model)
             head.transformer.h = head.transformer.h[:3]  # the model up to transformer.h.2
-            plain = _cfg(model_dir, docs, tmp / "p.h5", "bucket_by_length=false")
             probe_run(cfg, model, dataset), bare_forward(head, loader)  # warm-up, not timed
-            ours, unbucketed, base = [], [], []
-            for _ in range(args.repeat):
-                ours.append(probe_run(cfg, model, dataset))
-                unbucketed.append(probe_run(plain, model, dataset))
-                base.append(bare_forward(head, loader))
-            report("forward, every token", statistics.median(ours), "bare up to h.2",
-                   statistics.median(base), 0.75, tokens)
-            report("  without bucketing", statistics.median(unbucketed), "bare up to h.2",
-                   statistics.median(base), 1.05, tokens)
+            compare(args, model, dataset, tokens, "forward, every token", [],
+                    lambda: bare_forward(head, loader), "bare up to h.2", (0.75, 1.05))
         if "grad" in (args.case or ["grad"]):
-            grad_cfg = _cfg(model_dir, docs, tmp / "g.h5", "hooks=[backward]", "objective=nll")
-            plain = _cfg(model_dir, docs, tmp / "gp.h5", "hooks=[backward]", "objective=nll",
-                         "bucket_by_length=false")
-            ours, unbucketed, base = [], [], []
-            for _ in range(args.repeat):
-                ours.append(probe_run(grad_cfg, model, dataset))
-                unbucketed.append(probe_run(plain, model, dataset))
-                base.append(bare_grad(model, loader))
-            report("nll gradients at h.2", statistics.median(ours), "bare fwd+grad",
-                   statistics.median(base), 0.80, tokens)
-            report("  without bucketing", statistics.median(unbucketed), "bare fwd+grad",
-                   statistics.median(base), 1.10, tokens)
+            compare(args, model, dataset, tokens, "nll gradients at h.2",
+                    ["hooks=[backward]", "objective=nll"], lambda: bare_grad(model, loader),
+                    "bare fwd+grad", (0.80, 1.10))
         if "memory" in (args.case or ["memory"]):
             more = corpus(tmp, args.docs * 8, tokenizer, seed=1)
             one = statistics.median(peak_rss_mib(model_dir, docs, tmp / "m1.h5")

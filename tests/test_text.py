@@ -201,24 +201,36 @@ def test_packing_fills_windows_and_records_documents(text_cfg, reference):
                                        rtol=1e-5, atol=1e-5)
 
 
-def test_interrupted_bucketed_run_resumes_to_the_same_file(make_cfg, tiny_lm, tmp_path,
-                                                           monkeypatch):
-    # 60 documents in windows of 16 batches of 2: a window is written once complete, and a
-    # resume starts at a window's start, so the batches, and the bytes, are the same; with lzf,
-    # token rows also wait for their chunk, so the commit counts whole samples only
-    docs = write_jsonl(tmp_path / "docs.jsonl", documents(60, seed=2, high=20))
-    overrides = ["model=transformers", f"model.name={tiny_lm}", "dataset=text",
-                 f"dataset.path={docs}", "layers=[transformer.h.0]", "batch_size=2",
-                 "output.commit_every=1", "output.compression=lzf"]
+def _interrupt_and_resume(make_cfg, tmp_path, monkeypatch, *overrides: str) -> tuple:
+    """A run of 60 documents in batches of 2, and the same run interrupted after 20 batches
+    then run again; the partial file's state in between."""
     whole = probe.run(make_cfg(*overrides, output=tmp_path / "whole.h5"))
     interrupt_after(monkeypatch, 20)
     with pytest.raises(KeyboardInterrupt):
         probe.run(make_cfg(*overrides, output=tmp_path / "resumed.h5"))
     with probe.open(tmp_path / "resumed.h5", allow_partial=True) as f:
-        assert 0 < f.num_rows < 60
+        partial = (f.num_rows, int(f.attrs["num_samples"]))
     probe.run(make_cfg(*overrides, output=tmp_path / "resumed.h5"))
     assert_same_datasets(whole, tmp_path / "resumed.h5", ("index", "offsets", "input_ids",
                                                          "positions", "transformer.h.0/output"))
+    return partial
+
+
+def _sixty(tiny_lm, tmp_path, seed: int) -> list[str]:
+    docs = write_jsonl(tmp_path / "docs.jsonl", documents(60, seed=seed, high=20))
+    return ["model=transformers", f"model.name={tiny_lm}", "dataset=text",
+            f"dataset.path={docs}", "layers=[transformer.h.0]", "batch_size=2",
+            "output.commit_every=1"]
+
+
+def test_interrupted_bucketed_run_resumes_to_the_same_file(make_cfg, tiny_lm, tmp_path,
+                                                           monkeypatch):
+    # windows of 16 batches of 2: a window is written once complete, and a resume starts at a
+    # window's start, so the batches, and the bytes, are the same; with lzf, token rows also
+    # wait for their chunk, so the commit counts whole samples only
+    rows, _ = _interrupt_and_resume(make_cfg, tmp_path, monkeypatch,
+                                    *_sixty(tiny_lm, tmp_path, 2), "output.compression=lzf")
+    assert 0 < rows < 60
 
 
 def test_shards_merge_into_one_run(text_cfg, tmp_path):
@@ -390,19 +402,9 @@ def test_a_streamed_corpus_gives_the_same_rows(text_cfg, tmp_path, extra):
 
 def test_an_interrupted_stream_resumes_to_the_same_file(make_cfg, tiny_lm, tmp_path,
                                                         monkeypatch):
-    docs = write_jsonl(tmp_path / "docs.jsonl", documents(60, seed=3, high=20))
-    overrides = ["model=transformers", f"model.name={tiny_lm}", "dataset=text",
-                 f"dataset.path={docs}", "dataset.streaming=true", "layers=[transformer.h.0]",
-                 "batch_size=2", "output.commit_every=1"]
-    whole = probe.run(make_cfg(*overrides, output=tmp_path / "whole.h5"))
-    interrupt_after(monkeypatch, 20)
-    with pytest.raises(KeyboardInterrupt):
-        probe.run(make_cfg(*overrides, output=tmp_path / "resumed.h5"))
-    with probe.open(tmp_path / "resumed.h5", allow_partial=True) as f:
-        assert 0 < f.num_rows < 60 and f.attrs["num_samples"] == -1  # not known yet
-    probe.run(make_cfg(*overrides, output=tmp_path / "resumed.h5"))
-    assert_same_datasets(whole, tmp_path / "resumed.h5", ("index", "offsets", "input_ids",
-                                                         "transformer.h.0/output"))
+    rows, total = _interrupt_and_resume(make_cfg, tmp_path, monkeypatch,
+                                        *_sixty(tiny_lm, tmp_path, 3), "dataset.streaming=true")
+    assert 0 < rows < 60 and total == -1  # a stream's length is not known until it ends
     with probe.open(tmp_path / "resumed.h5") as f:
         assert f.num_rows == 60
 
