@@ -112,6 +112,31 @@ def test_merge_cli(shards, tmp_path, monkeypatch, capsys):
                                        "shard file\n")
 
 
+def test_the_sweep_callback_merges_each_complete_set(shards, single, tmp_path):
+    import shutil
+
+    import yaml
+    from omegaconf import OmegaConf
+
+    from probe.commands.merge import MergeShards
+    from probe.config import NEUTRAL_KEYS
+
+    sweep = tmp_path / "sweep"  # laid out as a multirun's jobs are
+    for k, part in enumerate(shards(2)):
+        job = sweep / f"job{k}"
+        (job / ".hydra").mkdir(parents=True)
+        shutil.copy(part, job / "features.h5")
+        overrides = [*RUN, "shard.count=2", f"shard.index={k}"]
+        (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}, "job": {"config": {
+        "override_dirname": {"exclude_keys": list(NEUTRAL_KEYS)}}}}})
+    MergeShards().on_multirun_end(config)
+    (merged,) = sweep.glob("*.h5")
+    assert merged.name == ("hooks-forward+backward+layers-layer4+fc+limit-5+model-resnet18+"
+                           "shard.count-2.h5")
+    _assert_equal_files(merged, single)
+
+
 @pytest.mark.slow
 def test_a_submitit_local_multirun_merges_into_the_single_run(tmp_path, single):
     args = ["-m", "hydra/launcher=submitit_local", *RUN, "dataset.image_size=32",

@@ -47,10 +47,10 @@ class MergeShards(Callback):
 
 
 def _name_without_shard_index(job_dir: Path, exclude: list[str]) -> str | None:
-    # the job's run folder name as Hydra made it, from the job's overrides without shard.index;
-    # None for a job that is not one shard of several
+    # the job's run folder name as Hydra makes it (its override_dirname: the overrides but the
+    # excluded keys, sorted, joined by commas), without shard.index; None for a job that is
+    # not one shard of several
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.utils import get_overrides_dirname
 
     overrides_file = job_dir / ".hydra" / "overrides.yaml"
     if not overrides_file.is_file():
@@ -59,8 +59,9 @@ def _name_without_shard_index(job_dir: Path, exclude: list[str]) -> str | None:
         [str(o) for o in yaml.safe_load(overrides_file.read_text()) or []])
     if not {"shard.index", "shard.count"} <= {o.key_or_group for o in parsed}:
         return None
-    return run_folder_name(get_overrides_dirname(parsed, [*exclude, "shard.index"],
-                                                 item_sep=",", kv_sep="="))
+    kept = sorted(o.input_line for o in parsed
+                  if o.key_or_group not in (*exclude, "shard.index"))
+    return run_folder_name(",".join(kept))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
