@@ -117,7 +117,7 @@ def _write(plan: Plan, stop: StopRequest) -> Path:
         name = signal.Signals(stop.signum).name
         raise RunStopped(f"stopped by {name} {saved}", exit_code=128 + int(stop.signum)) from None
     seconds = time.perf_counter() - started
-    log.info("wrote %d rows (%s) in %.1f s: %.0f %s/s, %s/s, to %s",
+    log.info("wrote %d rows (%s) in %.1f s: %.3g %s/s, %s/s, to %s",
              store.num_written - plan.resume_from, human_bytes(store.bytes_written), seconds,
              units / seconds, plan.feed.unit, human_bytes(store.bytes_written / seconds),
              plan.path)
