@@ -28,20 +28,24 @@ def stream_items(dataset, selection: StreamSlice) -> Iterator[tuple[int, dict]]:
     chunks: queue.Queue = queue.Queue(maxsize=_AHEAD)
     stop = threading.Event()
 
+    def put(item) -> bool:
+        # False once the consumer has gone: the thread then ends instead of waiting forever
+        while not stop.is_set():
+            try:
+                chunks.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce() -> None:
         try:
             for chunk in _chunks(dataset, selection):
-                while not stop.is_set():
-                    try:
-                        chunks.put(chunk, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put(chunk):
                     return
-            chunks.put(None)
+            put(None)
         except BaseException as err:  # handed to the consumer, which raises it
-            chunks.put(err)
+            put(err)
 
     worker = threading.Thread(target=produce, name="probe-tokenizer", daemon=True)
     worker.start()
@@ -65,7 +69,7 @@ def _chunks(dataset, selection: StreamSlice) -> Iterator[list[tuple[int, dict]]]
         if not takes:
             continue
         taken += 1
-        if taken > selection.start:  # a resumed run's committed samples are skipped unread
+        if taken > selection.start:  # a resumed run's stored documents are not tokenized again
             chunk.append((sample, make))
         if len(chunk) == _CHUNK:
             yield _made(dataset, chunk)
