@@ -123,8 +123,9 @@ class Store:
                                rdcc_nbytes=cache, rdcc_w0=1.0)
         self.num_committed = self.num_written = resume_from
         self.bytes_written = 0  # by this store, for the progress bar
-        # with token rows: the offsets of the samples written so far (num_written + 1 of them)
-        self._offsets = np.zeros(1, dtype=np.int64)
+        # with token rows: the offsets of the samples written so far (num_written + 1 of them),
+        # in a buffer that doubles when full: a copy per batch would cost the square of a run
+        self._offset_buffer, self._offset_count = np.zeros(1024, dtype=np.int64), 1
         # compressed dataset -> (first row, rows) waiting for their chunk to fill
         self._pending: dict[str, tuple[int, np.ndarray]] = {}
         try:
@@ -191,7 +192,8 @@ class Store:
     def _truncate(self, rows: int) -> None:
         # rows past the last commit may be torn by the crash that ended the previous attempt
         if OFFSETS in self._file:
-            self._offsets = self._file[OFFSETS][: rows + 1]
+            self._offset_count = 0
+            self._extend_offsets(self._file[OFFSETS][: rows + 1])
         for name in self._dataset_names():
             dataset = self._file[name]
             if name == OFFSETS:
@@ -205,6 +207,19 @@ class Store:
         self._file.visititems(lambda name, obj: found.append(name)
                               if isinstance(obj, h5py.Dataset) else None)
         return found
+
+    @property
+    def _offsets(self) -> np.ndarray:
+        return self._offset_buffer[:self._offset_count]
+
+    def _extend_offsets(self, ends: np.ndarray) -> None:
+        need = self._offset_count + len(ends)
+        if need > len(self._offset_buffer):
+            grown = np.zeros(max(need, 2 * len(self._offset_buffer)), dtype=np.int64)
+            grown[:self._offset_count] = self._offsets
+            self._offset_buffer = grown
+        self._offset_buffer[self._offset_count:need] = ends
+        self._offset_count = need
 
     @property
     def tokens_written(self) -> int:
@@ -227,7 +242,7 @@ class Store:
         if self.token_rows:
             ends = token_start + np.cumsum(np.asarray(lengths, dtype=np.int64))
             _append_rows(self._file[OFFSETS], start + 1, stop + 1, ends)
-            self._offsets = np.concatenate([self._offsets, ends])
+            self._extend_offsets(ends)
         for key, value in values.items():
             first, total = ((token_start, self.num_tokens) if key in self._per_token
                             else (start, self.num_rows))
