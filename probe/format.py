@@ -28,7 +28,7 @@ import numpy as np
 __all__ = [
     "INDEX", "TARGET", "OFFSETS", "INPUT_IDS", "POSITIONS", "DOCUMENT", "TOKEN_ROWS", "Hook",
     "HOOK_OF_KIND", "Attr", "DatasetSpec", "FileState", "dataset_key", "split_key", "call_key",
-    "parse_kind", "partial_path", "read_state",
+    "parse_kind", "dataset_names", "partial_path", "read_state",
 ]
 
 INDEX = "index"
@@ -114,6 +114,14 @@ def parse_kind(kind: str) -> tuple[str, int]:
     if kind not in HOOK_OF_KIND and base in HOOK_OF_KIND and call.isdigit():
         return base, int(call)
     return kind, 0
+
+
+def dataset_names(group: h5py.Group) -> list[str]:
+    """The path of every dataset in a file (or group), at any depth, in HDF5's order."""
+    names: list[str] = []
+    group.visititems(lambda name, obj: names.append(name)
+                     if isinstance(obj, h5py.Dataset) else None)
+    return names
 
 
 def partial_path(path: str | Path) -> Path:

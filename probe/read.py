@@ -25,6 +25,7 @@ from probe.format import (
     TOKEN_ROWS,
     Attr,
     dataset_key,
+    dataset_names,
     partial_path,
     read_state,
     split_key,
@@ -132,10 +133,7 @@ class FeatureFile(Mapping):
         self._file.close()
 
     def __iter__(self) -> Iterator[str]:
-        names: list[str] = []
-        self._file.visititems(lambda name, obj: names.append(name)
-                              if isinstance(obj, h5py.Dataset) else None)
-        return iter(names)
+        return iter(dataset_names(self._file))
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
@@ -286,9 +284,7 @@ def _missing_sources(f: h5py.File, path: Path) -> list[str]:
     """The source files of the file's virtual datasets (a merged file's shards) that are not
     where HDF5 looks for them: beside the file, for the relative paths merge writes."""
     missing: dict[str, None] = {}
-    datasets: list[h5py.Dataset] = []
-    f.visititems(lambda _, obj: datasets.append(obj) if isinstance(obj, h5py.Dataset) else None)
-    for dataset in datasets:
+    for dataset in map(f.__getitem__, dataset_names(f)):
         if dataset.is_virtual:
             for source in dataset.virtual_sources():
                 name = source.file_name

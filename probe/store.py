@@ -24,7 +24,16 @@ import numpy as np
 import torch
 
 from probe.errors import ConfigError
-from probe.format import INDEX, OFFSETS, TARGET, TOKEN_ROWS, Attr, DatasetSpec, partial_path
+from probe.format import (
+    INDEX,
+    OFFSETS,
+    TARGET,
+    TOKEN_ROWS,
+    Attr,
+    DatasetSpec,
+    dataset_names,
+    partial_path,
+)
 
 __all__ = ["Store", "chunk_shape", "filter_options", "as_array"]
 
@@ -133,7 +142,7 @@ class Store:
                 self._start(config_yaml, has_target, datasets, attrs or {})
             else:
                 self._truncate(resume_from)
-            self._per_token = {key for key in self._dataset_names()
+            self._per_token = {key for key in dataset_names(self._file)
                                if self._file[key].attrs.get(Attr.ROWS) == TOKEN_ROWS}
         except BaseException:
             self.close()
@@ -194,19 +203,13 @@ class Store:
         if OFFSETS in self._file:
             self._offset_count = 0
             self._extend_offsets(self._file[OFFSETS][: rows + 1])
-        for name in self._dataset_names():
+        for name in dataset_names(self._file):
             dataset = self._file[name]
             if name == OFFSETS:
                 dataset.resize(rows + 1, axis=0)
             else:
                 per_token = dataset.attrs.get(Attr.ROWS) == TOKEN_ROWS
                 dataset.resize(int(self._offsets[-1]) if per_token else rows, axis=0)
-
-    def _dataset_names(self) -> list[str]:
-        found: list[str] = []
-        self._file.visititems(lambda name, obj: found.append(name)
-                              if isinstance(obj, h5py.Dataset) else None)
-        return found
 
     @property
     def _offsets(self) -> np.ndarray:

@@ -22,7 +22,7 @@ import yaml
 
 from probe.config import differing_keys
 from probe.errors import OutputError
-from probe.format import INDEX, OFFSETS, TARGET, Attr, partial_path, read_state
+from probe.format import INDEX, OFFSETS, TARGET, Attr, dataset_names, partial_path, read_state
 from probe.store import chunk_shape, filter_options
 
 __all__ = ["merge", "missing_value"]
@@ -66,10 +66,8 @@ def _read_shard(path: Path) -> dict:
     try:
         with h5py.File(path, "r") as f:
             state = read_state(f, path)
-            datasets: dict[str, tuple] = {}
-            f.visititems(lambda name, obj: datasets.__setitem__(name, (obj.shape, obj.dtype,
-                                                                       dict(obj.attrs)))
-                         if isinstance(obj, h5py.Dataset) else None)
+            datasets = {name: (f[name].shape, f[name].dtype, dict(f[name].attrs))
+                        for name in dataset_names(f)}
             index = f[INDEX][:]
     except (OSError, KeyError) as err:
         raise OutputError(f"shard {str(path)!r} is not a readable probe file ({err})") from None
