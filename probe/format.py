@@ -28,7 +28,7 @@ import numpy as np
 __all__ = [
     "INDEX", "TARGET", "OFFSETS", "INPUT_IDS", "POSITIONS", "DOCUMENT", "TOKEN_ROWS", "Hook",
     "HOOK_OF_KIND", "Attr", "DatasetSpec", "FileState", "dataset_key", "split_key", "call_key",
-    "parse_kind", "dataset_names", "partial_path", "read_state",
+    "parse_kind", "dataset_names", "partial_path", "creating_path", "read_state",
 ]
 
 INDEX = "index"
@@ -128,6 +128,13 @@ def partial_path(path: str | Path) -> Path:
     """Where a run keeps its file until it is complete: ``<path>.partial``."""
     path = Path(path)
     return path.with_name(path.name + ".partial")
+
+
+def creating_path(path: str | Path) -> Path:
+    """Where a run makes its partial file before it holds anything: ``<path>.partial.new``,
+    renamed to ``<path>.partial`` once complete in itself."""
+    path = Path(path)
+    return path.with_name(path.name + ".partial.new")
 
 
 @dataclass(frozen=True)

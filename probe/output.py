@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 from probe.config import differing_keys
 from probe.errors import ConfigError, OutputError
 from probe.format import FileState, partial_path, read_state
+from probe.partial import open_for_reading
 from probe.units import human_bytes
 
 __all__ = ["output_path", "file_locking", "check_writable", "existing_run", "check_free_space",
@@ -104,7 +105,7 @@ def existing_run(path: Path, config_yaml: str, locking: bool | str | None = None
 
 def _read(path: Path, locking: bool | str | None) -> FileState:
     try:
-        with h5py.File(path, "r", locking=locking) as f:
+        with open_for_reading(path, locking) as f:
             return read_state(f, path)
     except (OSError, KeyError) as err:
         reason = err.args[0] if isinstance(err, KeyError) and err.args else err

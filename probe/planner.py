@@ -63,6 +63,8 @@ class Plan:
     config_yaml: str
     locking: bool | str | None
     resume_from: int | None  # None: the file is complete already, there is nothing to do
+    # a complete file still under its partial name (its run was killed just before the rename)
+    renamed_only: bool = False
     committed: int = 0  # the rows the partial file held when planned (resume_from <= it)
     device: torch.device | None = None
     model: nn.Module | None = None
@@ -118,8 +120,13 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     if found is not None:
         _require_same_inputs(found, fingerprints)
         if found.complete:
-            log.info("%s is already complete for this config; nothing to do", path)
-            return Plan(cfg, path, config_yaml, locking, resume_from=None)
+            if found.path != path:
+                log.info("%s is complete but was stopped before its rename; renaming it to %s",
+                         found.path, path.name)
+            else:
+                log.info("%s is already complete for this config; nothing to do", path)
+            return Plan(cfg, path, config_yaml, locking, resume_from=None,
+                        renamed_only=found.path != path)
     resume_from = 0 if found is None else found.num_committed
 
     # 3. what to compute: the samples, the objective, the hooks, and a dry run that finds the

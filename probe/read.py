@@ -31,6 +31,8 @@ from probe.format import (
     split_key,
 )
 
+from probe.partial import open_for_reading
+
 if TYPE_CHECKING:
     from probe.rows import RowLoader
 
@@ -99,7 +101,7 @@ class FeatureFile(Mapping):
         self.path = path
         _register_extra_filters()
         try:
-            self._file = h5py.File(path, "r")
+            self._file = open_for_reading(path)
             state = read_state(self._file, path)
         except (OSError, KeyError) as err:
             if hasattr(self, "_file"):

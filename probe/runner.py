@@ -8,6 +8,7 @@ store. The hooks are removed whether the run ends or fails.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -24,6 +25,7 @@ from probe.errors import OutputError, RunStopped
 from probe.format import partial_path
 from probe.hooks import StopForward
 from probe.output import WriterLock, existing_run
+from probe.partial import recover
 from probe.planner import Plan, plan
 from probe.store import Store
 from probe.units import human_bytes
@@ -66,6 +68,10 @@ def execute(plan: Plan, *, stop: StopRequest | None = None) -> Path:
             written so far are committed.
     """
     if plan.done:
+        if plan.renamed_only:
+            with WriterLock(plan.path, plan.locking):
+                recover(partial_path(plan.path))  # its writer was killed with it open
+                os.replace(partial_path(plan.path), plan.path)
         return plan.path
     with WriterLock(plan.path, plan.locking):
         if not _still_as_planned(plan):

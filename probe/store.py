@@ -31,9 +31,11 @@ from probe.format import (
     TOKEN_ROWS,
     Attr,
     DatasetSpec,
+    creating_path,
     dataset_names,
     partial_path,
 )
+from probe.partial import LIBVER, open_for_writing
 
 __all__ = ["Store", "chunk_shape", "filter_options", "as_array"]
 
@@ -127,9 +129,12 @@ class Store:
         # Compressed chunks go through HDF5's chunk cache to be compressed (whole: see
         # _write_rows). Uncompressed chunks skip it (HDF5 writes a chunk larger than the cache
         # straight from the array), which saves a copy of every byte.
-        cache = 8 * _CHUNK_BYTES if self.filter else 0
-        self._file = h5py.File(self.partial, "w" if self.created else "r+", locking=locking,
-                               rdcc_nbytes=cache, rdcc_w0=1.0)
+        cache = {"rdcc_nbytes": 8 * _CHUNK_BYTES if self.filter else 0}
+        if self.created:
+            # made in full under another name, then renamed: a partial file exists only once it
+            # is consistent, whenever a kill comes
+            self._create(config_yaml, has_target, datasets, attrs or {}, locking)
+        self._file = open_for_writing(self.partial, locking, **cache)
         self.num_committed = self.num_written = resume_from
         self.bytes_written = 0  # by this store, for the progress bar
         # with token rows: the offsets of the samples written so far (num_written + 1 of them),
@@ -138,9 +143,7 @@ class Store:
         # compressed dataset -> (first row, rows) waiting for their chunk to fill
         self._pending: dict[str, tuple[int, np.ndarray]] = {}
         try:
-            if self.created:
-                self._start(config_yaml, has_target, datasets, attrs or {})
-            else:
+            if not self.created:
                 self._truncate(resume_from)
             self._per_token = {key for key in dataset_names(self._file)
                                if self._file[key].attrs.get(Attr.ROWS) == TOKEN_ROWS}
@@ -154,8 +157,20 @@ class Store:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def _start(self, config_yaml: str, has_target: bool, datasets: Mapping[str, DatasetSpec],
-               attrs: Mapping) -> None:
+    def _create(self, config_yaml: str, has_target: bool,
+                datasets: Mapping[str, DatasetSpec], attrs: Mapping,
+                locking: bool | str | None) -> None:
+        creating = creating_path(self.path)
+        try:
+            with h5py.File(creating, "w", libver=LIBVER, locking=locking) as f:
+                self._start(f, config_yaml, has_target, datasets, attrs)
+            os.replace(creating, self.partial)
+        except BaseException:
+            creating.unlink(missing_ok=True)
+            raise
+
+    def _start(self, f: h5py.File, config_yaml: str, has_target: bool,
+               datasets: Mapping[str, DatasetSpec], attrs: Mapping) -> None:
         from probe import __version__
 
         fixed = {
@@ -171,17 +186,18 @@ class Store:
             Attr.NUM_COMMITTED: 0,
         }
         for key, value in {**fixed, **attrs}.items():
-            self._file.attrs[key] = attr_value(value)
+            f.attrs[key] = attr_value(value)
         bookkeeping = {INDEX: DatasetSpec((), "int64", compressible=False)}
         if has_target:
             bookkeeping[TARGET] = DatasetSpec((), "int64", compressible=False)
         for name, spec in {**bookkeeping, **datasets}.items():
-            self._create(name, spec)
+            self._create_dataset(f, name, spec)
         if self.token_rows:
-            offsets = self._create(OFFSETS, DatasetSpec((), "int64", compressible=False))
-            _append_rows(offsets, 0, 1, self._offsets)
+            offsets = self._create_dataset(f, OFFSETS, DatasetSpec((), "int64",
+                                                                   compressible=False))
+            _append_rows(offsets, 0, 1, np.zeros(1, dtype=np.int64))
 
-    def _create(self, name: str, spec: DatasetSpec) -> h5py.Dataset:
+    def _create_dataset(self, f: h5py.File, name: str, spec: DatasetSpec) -> h5py.Dataset:
         dtype = np.dtype(spec.stored_dtype)
         options = self.filter if spec.compressible else {}
         if not options:
@@ -189,7 +205,7 @@ class Store:
             # every row is written before it is read, so the fill value would never be seen
             options = {"fill_time": "never"}
         rows = (self.num_tokens if spec.per_token else self.num_rows) or _UNKNOWN_ROWS
-        dataset = self._file.create_dataset(
+        dataset = f.create_dataset(
             name, shape=(0, *spec.row_shape), maxshape=(None, *spec.row_shape), dtype=dtype,
             chunks=chunk_shape(spec.row_shape, dtype.itemsize, max(1, rows),
                                compressed="compression" in options), **options)
@@ -285,7 +301,10 @@ class Store:
             if key in self._per_token:  # the samples whose token rows all lie before `first`
                 first = int(np.searchsorted(self._offsets, first, side="right")) - 1
             durable = min(durable, first)
-        self._file.attrs[Attr.NUM_COMMITTED] = durable
+        # the rows and everything that leads to them first, then the count that vouches for
+        # them: a kill between the two flushes leaves the count of the commit before
+        self._file.flush()
+        self._file.attrs.modify(Attr.NUM_COMMITTED, durable)
         self._file.flush()
         self.num_committed = durable
 
@@ -299,9 +318,11 @@ class Store:
         for key, (first, waiting) in list(self._pending.items()):  # the last, short chunks
             _append_rows(self._file[key], first, first + len(waiting), waiting)
             del self._pending[key]
-        self._file.attrs[Attr.NUM_SAMPLES] = self.num_written
-        self._file.attrs[Attr.COMPLETE] = True
+        self._file.attrs.modify(Attr.NUM_SAMPLES, self.num_written)
         self.commit()
+        # complete only once every row is committed; a kill before the rename leaves a complete
+        # partial file, which the next run only renames
+        self._file.attrs.modify(Attr.COMPLETE, True)
         self._file.close()
         os.replace(self.partial, self.path)
         return self.path

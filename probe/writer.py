@@ -89,6 +89,7 @@ class BackgroundWriter:
 
     def _work(self) -> None:
         batches, last_commit, window = 0, time.monotonic(), []
+        item = None
         try:
             while (item := self._queue.get()) is not _STOP:
                 *part, ready, window_end = item
@@ -110,8 +111,8 @@ class BackgroundWriter:
         except BaseException as err:  # handed to the compute thread, which raises it
             self._error = err
             # keep taking items so a blocked put() sees the error instead of waiting forever
-            while self._queue.get() is not _STOP:
-                pass
+            while item is not _STOP:
+                item = self._queue.get()
 
 
 def in_dataset_order(parts: list, per_token: set[str]) -> tuple:

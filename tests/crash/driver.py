@@ -1,0 +1,121 @@
+"""Kill a run at its k-th write to its output files, for many k, and check each rerun.
+
+    LD_PRELOAD=killwrite.so python tests/crash/driver.py ROOT SPEC.json
+
+SPEC holds ``overrides`` (the run's config), ``keys`` (the datasets to compare), and which kill
+points to try: ``every`` (1: each write) and ``mode`` (``kill``: SIGKILL before the write;
+``enospc``: that write and all later ones fail as on a full disk). The process imports torch
+once and forks a child per run, so a kill point costs a fraction of a second. Each child that
+reruns must finish with status 0 and a file equal to the uninterrupted run's, value for value.
+Prints one JSON line: the number of writes, the points tried, and the ones that failed, with
+the rerun's error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+torch.set_num_threads(1)  # the children compute; a forked OpenMP pool could hang them
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+import probe  # noqa: E402
+from probe.config import CONFIG_DIR  # noqa: E402
+
+_SHIM = ctypes.CDLL(None)  # the preloaded shim's symbols
+_SHIM.killwrite_arm.argtypes = [ctypes.c_long, ctypes.c_int]
+_SHIM.killwrite_count.restype = ctypes.c_long
+
+
+def _cfg(overrides: list[str], path: Path):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", [*overrides, f"output.path={path}"])
+
+
+def _in_child(task) -> tuple[int, str]:
+    """Run ``task`` in a forked child; its exit status and, if it raised, the error."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read)
+        import logging
+
+        logging.disable(logging.CRITICAL)
+        code, said = 0, ""
+        try:
+            task()
+        except BaseException as err:  # noqa: BLE001  (reported to the parent)
+            code = 3
+            said = f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}"
+        os.write(write, said.encode()[:4000])
+        os._exit(code)
+    os.close(write)
+    said = os.read(read, 8000).decode(errors="replace")
+    os.close(read)
+    _, status = os.waitpid(pid, 0)
+    return status, said
+
+
+def _run(overrides: list[str], path: Path, at: int = -1, enospc: bool = False,
+         count: Path | None = None) -> tuple[int, str]:
+    def task():
+        _SHIM.killwrite_arm(at, int(enospc))
+        probe.run(_cfg(overrides, path))
+        if count is not None:
+            count.write_text(str(_SHIM.killwrite_count()))
+    return _in_child(task)
+
+
+def _same(reference: Path, path: Path, keys: list[str]) -> str:
+    """'' when the two files agree on ``keys``, else what differs."""
+    if not path.exists():
+        return "no file at the output path"
+    with h5py.File(reference, "r") as a, h5py.File(path, "r") as b:
+        if not b.attrs["complete"]:
+            return "not complete"
+        for key in keys:
+            if not np.array_equal(a[key][:], b[key][:], equal_nan=True):
+                return f"{key} differs"
+    return ""
+
+
+def main() -> None:
+    root, spec = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
+    overrides, keys = list(spec["overrides"]), list(spec["keys"])
+    shutil.rmtree(root, ignore_errors=True)
+    reference = root / "reference" / "features.h5"
+    reference.parent.mkdir(parents=True)
+    status, said = _run(overrides, reference, count=root / "writes")
+    if status != 0:
+        raise SystemExit(f"the uninterrupted run failed: {said}")
+    writes = int((root / "writes").read_text())
+    points = sorted({*range(1, writes + 1, int(spec.get("every", 1))), writes})
+    failed = []
+    for k in points:
+        path = root / f"k{k}" / "features.h5"
+        path.parent.mkdir()
+        _run(overrides, path, k, spec.get("mode") == "enospc")  # killed, or failing
+        status, said = _run(overrides, path)
+        problem = said.strip() or (f"exit status {status}" if status else "")
+        problem = problem or _same(reference, path, keys)
+        if problem:
+            failed.append({"at": k, "problem": problem[:1500]})
+        shutil.rmtree(path.parent)
+    print(json.dumps({"writes": writes, "tried": len(points), "failed": failed}))
+
+
+if __name__ == "__main__":
+    main()

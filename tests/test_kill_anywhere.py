@@ -1,0 +1,100 @@
+"""A kill at any write, or a full disk at any write, never costs more than the rows since the
+last commit: the rerun finishes with a file equal to an uninterrupted run's, value for value.
+
+tests/crash/killwrite.c, preloaded into a driver process (tests/crash/driver.py), stops a run
+just before its k-th write to its output files (or makes that write and all later ones fail
+with ENOSPC); the driver forks one run per k and reruns it without the shim. The default suite
+tries every few writes of each kind of run; ``-m slow`` tries every write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, TINY_NET
+
+CRASH = REPO / "tests" / "crash"
+IMAGES = [*TINY_NET, "layers=[features.0,fc]", "dataset.image_size=32",
+          "dataset.num_samples=40", "batch_size=4", "output.commit_every=1"]
+IMAGE_KEYS = ["index", "target", "features.0/output", "fc/output"]
+GRADIENTS = ["hooks=[forward,backward]", "objective=nll"]
+TEXT_KEYS = ["index", "offsets", "input_ids", "positions", "transformer.h.0/output",
+             "transformer.h.1/grad_output"]
+
+
+@pytest.fixture(scope="session")
+def shim(tmp_path_factory):
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build tests/crash/killwrite.c")
+    built = tmp_path_factory.mktemp("shim") / "killwrite.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(built),
+                    str(CRASH / "killwrite.c"), "-ldl"], check=True)
+    return built
+
+
+def _kill_everywhere(shim, tmp_path, overrides, keys, every, mode="kill"):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"overrides": overrides, "keys": keys, "every": every,
+                                "mode": mode}))
+    env = {**os.environ, "LD_PRELOAD": str(shim), "KILL_MATCH": "features.h5.partial",
+           "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, str(CRASH / "driver.py"), str(tmp_path / "runs"),
+                           str(spec)], env=env, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["tried"] >= min(result["writes"], 5), result
+    assert result["failed"] == [], json.dumps(result["failed"][:3], indent=1)
+    return result
+
+
+@pytest.fixture
+def text_run(tiny_lm, tmp_path):
+    from tests.tiny_text import documents, write_jsonl
+
+    corpus = write_jsonl(tmp_path / "docs.jsonl", documents(24, seed=1, high=20))
+    return ["model=transformers", f"model.name={tiny_lm}", "dataset=text",
+            f"dataset.path={corpus}", "layers=[transformer.h.0,transformer.h.1]",
+            "batch_size=4", "output.commit_every=1"]
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_images_survive_a_kill_at_any_write(shim, tmp_path, compression):
+    result = _kill_everywhere(shim, tmp_path, [*IMAGES, f"output.compression={compression}"],
+                              IMAGE_KEYS, every=8)
+    # creation, every commit, the finish and the rename: a run of 10 batches writes often
+    assert result["writes"] > 40
+
+
+def test_images_survive_a_full_disk_at_any_write(shim, tmp_path):
+    _kill_everywhere(shim, tmp_path, IMAGES, IMAGE_KEYS, every=10, mode="enospc")
+
+
+def test_text_gradients_survive_a_kill_at_any_write(shim, tmp_path, text_run):
+    pytest.importorskip("transformers")
+    _kill_everywhere(shim, tmp_path, [*text_run, *GRADIENTS, "output.compression=gzip"],
+                     TEXT_KEYS, every=60)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compression", ["none", "lzf", "gzip"])
+@pytest.mark.parametrize("mode", ["kill", "enospc"])
+def test_images_survive_a_kill_at_every_write(shim, tmp_path, compression, mode):
+    _kill_everywhere(shim, tmp_path, [*IMAGES, f"output.compression={compression}"],
+                     IMAGE_KEYS, every=1, mode=mode)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [[*GRADIENTS, "output.compression=none"],
+                                   [*GRADIENTS, "output.compression=gzip"],
+                                   ["dataset.streaming=true"]])
+def test_text_survives_a_kill_at_every_few_writes(shim, tmp_path, text_run, extra):
+    pytest.importorskip("transformers")
+    keys = TEXT_KEYS if GRADIENTS[0] in extra else TEXT_KEYS[:-1]
+    _kill_everywhere(shim, tmp_path, [*text_run, *extra], keys, every=5)
