@@ -61,4 +61,19 @@ def _instantiate(node: DictConfig, what: str, **kwargs):
         cause = err.__cause__
         if isinstance(cause, ProbeError):
             raise cause from None
-        raise ConfigError(f"cannot build the {what} from its config: {err}") from None
+        target = node.get("_target_")
+        if str(err).startswith("Error locating target"):
+            root = cause.__cause__ if cause is not None and cause.__cause__ else cause
+            raise ConfigError(
+                f"{what}._target_={target!r} cannot be imported ({_first_line(root)}); install "
+                "the package that defines it (pip install -e path/to/it), or put the folder "
+                "that contains it on PYTHONPATH"
+            ) from None
+        raise ConfigError(f"cannot build the {what} {target}: "
+                          f"{_first_line(cause if cause is not None else err)}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    line = text.splitlines()[0] if text else ""
+    return f"{type(err).__name__}: {line}" if line else type(err).__name__

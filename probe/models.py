@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-import pickle
 from pathlib import Path
 
 import torch
@@ -64,7 +63,7 @@ def load_checkpoint(model: nn.Module, path: str | Path) -> None:
         raise DataError(f"model.weights={str(path)!r}: no such checkpoint file")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as err:
+    except Exception as err:  # a file of anything else fails in many ways inside the unpickler
         raise _unreadable(path, err) from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
@@ -114,8 +113,15 @@ def _unreadable(path: Path, err: Exception) -> ProbeError:
             f"model.weights={str(path)!r} holds a pickled {found}, not a state_dict; save one "
             "with torch.save(model.state_dict(), path) (probe loads checkpoints with "
             "weights_only=True and never runs code from them)")
-    reason = text.split("WeightsUnpickler error:", 1)[-1].strip().splitlines()[0]
-    reason = reason.split(". This is")[0].split(":", 1)[-1].strip() or type(err).__name__
+    with path.open("rb") as stream:
+        start = stream.read(8)
+    if not start.startswith((b"PK\x03\x04", b"\x80")):  # neither a zip archive nor a pickle
+        return DataError(f"model.weights={str(path)!r} is not a torch checkpoint (torch.save "
+                         f"writes a zip archive; this file starts with {start!r}); pass the "
+                         "file that torch.save(model.state_dict(), path) wrote")
+    lines = text.split("WeightsUnpickler error:", 1)[-1].strip().splitlines()
+    reason = lines[0].split(". This is")[0].split(":", 1)[-1].strip() if lines else ""
+    reason = reason or type(err).__name__
     return DataError(f"model.weights={str(path)!r} cannot be read as a torch checkpoint "
                      f"({reason}); it may be corrupt or truncated: save it again with "
                      "torch.save(model.state_dict(), path)")

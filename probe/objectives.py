@@ -43,6 +43,10 @@ def make_objective(spec) -> tuple[Objective, str]:
         except InstantiationException as err:
             raise ConfigError(f"objective: {err}") from None
     named = {"top1": top1, "target": target}
+    if str(spec) == "nll":
+        raise ConfigError("objective=nll is a language model's next-token loss; this model gives "
+                          "class logits: use objective=top1 or target (nll needs "
+                          "model=transformers with dataset=text)")
     if str(spec) not in named:
         raise ConfigError(
             f"objective={spec!r} is unknown; use top1, target, or a config with a _target_ "

@@ -16,13 +16,12 @@ import shutil
 import socket
 from pathlib import Path
 
-import h5py
 import yaml
 from omegaconf import DictConfig
 
 from probe.config import differing_keys
 from probe.errors import ConfigError, OutputError
-from probe.format import FileState, partial_path, read_state
+from probe.format import FileState, creating_path, partial_path, read_state
 from probe.partial import open_for_reading
 from probe.units import human_bytes
 
@@ -77,42 +76,71 @@ def check_writable(directory: Path) -> None:
         ) from None
 
 
-def existing_run(path: Path, config_yaml: str, locking: bool | str | None = None
-                 ) -> FileState | None:
+def existing_run(path: Path, config_yaml: str, locking: bool | str | None = None, *,
+                 overwrite: bool = False) -> FileState | None:
     """The run already at ``path`` for this config: the finished file's state, else the
-    ``.partial`` file's, else None.
+    ``.partial`` file's, else None (also with ``overwrite``, once every file there is known to
+    be probe's own). A partial file that cannot be read, or a file that a run was still making
+    when it was stopped (``<path>.partial.new``), held nothing committed: it is removed, with
+    a log line, and the run starts again.
 
     Raises:
-        OutputError: the file there is not a probe file, belongs to another config, or is a
-            finished file that is not complete.
+        OutputError: ``path`` is a folder, or a file that probe did not write (never replaced,
+            ``overwrite`` or not); or, without ``overwrite``, a probe file of another config, or
+            a finished file that is not complete.
     """
-    for candidate, finished in ((path, True), (partial_path(path), False)):
-        if candidate.exists():
-            state = _read(candidate, locking)
-            differing = differing_keys(yaml.safe_load(state.config), yaml.safe_load(config_yaml))
-            if differing:
-                raise OutputError(
-                    f"{str(candidate)!r} holds a run of another config (differs in: "
-                    f"{', '.join(differing)}); choose another output.path or set "
-                    "output.overwrite=true to replace it"
-                )
-            if finished and not state.complete:
-                raise OutputError(f"{str(candidate)!r} exists but is not complete; set "
-                                  "output.overwrite=true to start again")
-            return state
-    return None
+    if path.is_dir():
+        raise OutputError(f"output.path={str(path)!r} is a folder; name a file in it, e.g. "
+                          f"output.path={str(path / 'features.h5')!r}")
+    _forget(creating_path(path), "a run was stopped while it created it")
+    found: FileState | None = None
+    if path.exists():
+        found = _read(path, path, locking)
+        if found is None:
+            raise OutputError(f"{str(path)!r} is not a file that probe wrote, and probe never "
+                              "replaces other files; move it away or choose another output.path")
+    partial = partial_path(path)
+    if found is None and partial.exists():
+        found = _read(partial, path, locking)
+        if found is None:
+            _forget(partial, "it cannot be read, so none of its rows can be used")
+    if found is None or overwrite:
+        return None
+    differing = differing_keys(yaml.safe_load(found.config), yaml.safe_load(config_yaml))
+    if differing:
+        raise OutputError(
+            f"{str(found.path)!r} holds a run of another config (differs in: "
+            f"{', '.join(differing)}); choose another output.path or set "
+            "output.overwrite=true to replace it"
+        )
+    if found.path == path and not found.complete:
+        raise OutputError(f"{str(path)!r} exists but is not complete; set "
+                          "output.overwrite=true to start again")
+    return found
 
 
-def _read(path: Path, locking: bool | str | None) -> FileState:
+def _read(path: Path, output: Path, locking: bool | str | None) -> FileState | None:
+    """The state of the probe file ``path`` (``output`` or its partial file); None for a file
+    that is not one (or not readable).
+
+    Raises:
+        OutputError: another process holds the file open for writing.
+    """
     try:
         with open_for_reading(path, locking) as f:
             return read_state(f, path)
     except (OSError, KeyError) as err:
-        reason = err.args[0] if isinstance(err, KeyError) and err.args else err
-        raise OutputError(
-            f"{str(path)!r} exists but is not a readable probe file ({reason}); choose another "
-            "output.path or set output.overwrite=true to replace it"
-        ) from None
+        if "unable to lock" in str(err).lower():
+            raise OutputError(WriterLock(output).held_message()) from None
+        log.debug("%s is not a readable probe file: %s", path, err)
+        return None
+
+
+def _forget(path: Path, why: str) -> None:
+    # a file of probe's own, by its name, that holds nothing a run can use
+    if path.exists():
+        log.warning("removing %s (%s); starting again", path, why)
+        path.unlink()
 
 
 def check_free_space(directory: Path, needed: int) -> None:
@@ -173,7 +201,7 @@ class WriterLock:
             except OSError as err:
                 os.close(fd)
                 if err.errno in (errno.EAGAIN, errno.EACCES):
-                    raise OutputError(self._held_message()) from None
+                    raise OutputError(self.held_message()) from None
                 if self.locking in (False, "best-effort"):
                     log.debug("not locking %s: %s", self.path, err)
                     return
@@ -196,13 +224,33 @@ class WriterLock:
             os.close(self._fd)
             self._fd = None
 
-    def _held_message(self) -> str:
+    def holder(self) -> str | None:
+        """Who holds the lock now ("process P on host H"), or None when no process does."""
+        try:
+            import fcntl
+            fd = os.open(self.path, os.O_RDONLY)
+        except (ImportError, OSError):  # no lock file: nobody writes
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # refused while a writer holds it
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        except OSError:
+            return self._who()
+        finally:
+            os.close(fd)
+
+    def _who(self) -> str:
         try:
             holder = json.loads(self.path.read_text() or "{}")
         except (OSError, ValueError):
             holder = {}
-        who = (f"process {holder['pid']} on {holder['host']}" if {"pid", "host"} <= set(holder)
-               else "another process")
+        return (f"process {holder['pid']} on {holder['host']}" if {"pid", "host"} <= set(holder)
+                else "another process")
+
+    def held_message(self) -> str:
+        """Who holds the lock, and what to do about it."""
+        who = self._who()
         target = self.path.with_name(self.path.name.removesuffix(".lock"))
         return (f"{who} is writing {str(target)!r} (it holds {self.path.name}); no run may write "
                 "or replace a file while another writes it, output.overwrite=true included: "

@@ -110,7 +110,7 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     check_writable(path.parent)
     with WriterLock(path, locking):  # refuse now, not after the set-up, if another run writes
-        found = None if cfg.output.overwrite else existing_run(path, config_yaml, locking)
+        found = existing_run(path, config_yaml, locking, overwrite=bool(cfg.output.overwrite))
 
     # 2. the model and the data, and whether they are what the file there was made from
     model = build_model(cfg) if model is None else model
@@ -258,6 +258,12 @@ def _check_config(cfg: DictConfig) -> None:
         raise ConfigError(f"batch_size={cfg.batch_size} must be at least 1")
     if int(cfg.num_workers) < 0:
         raise ConfigError(f"num_workers={cfg.num_workers} must be 0 or more")
+    if int(cfg.output.commit_every) < 1:
+        raise ConfigError(f"output.commit_every={cfg.output.commit_every} must be at least 1 "
+                          "(batches between commits)")
+    if not float(cfg.output.commit_seconds) > 0:
+        raise ConfigError(f"output.commit_seconds={cfg.output.commit_seconds} must be more "
+                          "than 0 (seconds between commits)")
     filter_options(option_name(cfg.output.compression), cfg.output.compression_level)
 
 

@@ -30,7 +30,7 @@ from probe.format import (
     read_state,
     split_key,
 )
-
+from probe.output import WriterLock
 from probe.partial import open_for_reading
 
 if TYPE_CHECKING:
@@ -92,9 +92,11 @@ class FeatureFile(Mapping):
         path = Path(path)
         if not path.exists() and partial_path(path).exists():
             if not allow_partial:
+                writer = WriterLock(path).holder()
+                going = (f"{writer} is writing it" if writer else
+                         "its run was stopped before it finished")
                 raise OutputError(f"{label}{str(path)!r} is not finished (only "
-                                  f"{partial_path(path).name} is there): its run is still going "
-                                  f"or was stopped; {fix}")
+                                  f"{partial_path(path).name} is there): {going}; {fix}")
             path = partial_path(path)
         if not path.exists():
             raise FileNotFoundError(f"no probe file at {str(path)!r}")

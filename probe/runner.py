@@ -7,8 +7,10 @@ store. The hooks are removed whether the run ends or fails.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -51,10 +53,13 @@ def run(cfg: DictConfig) -> Path:
 
 class StopRequest:
     """A request to stop at the next batch boundary: set by SIGINT or SIGTERM while a run
-    executes, or by a caller that wants a run to stop (``signum`` names the reason)."""
+    executes (or SIGUSR2, where a job scheduler's handler waits for it), or by a caller that
+    wants a run to stop (``signum`` names the reason). ``hand_on`` is the handler that had the
+    signal before the run: it gets the signal once the run has stopped and committed."""
 
     def __init__(self, signum: int | None = None):
         self.signum = signum
+        self.hand_on = None
 
     def __bool__(self) -> bool:
         return self.signum is not None
@@ -83,6 +88,7 @@ def _still_as_planned(plan: Plan) -> bool:
     """Whether the output is as the plan found it, now that this process holds the lock (a run
     that finished meanwhile makes this one unnecessary; one that wrote rows, wrong)."""
     if plan.cfg.output.overwrite:
+        existing_run(plan.path, plan.config_yaml, plan.locking, overwrite=True)  # still probe's
         partial_path(plan.path).unlink(missing_ok=True)
         return True
     found = existing_run(plan.path, plan.config_yaml, plan.locking)
@@ -99,14 +105,15 @@ def _write(plan: Plan, stop: StopRequest) -> Path:
     cfg, capture = plan.cfg, plan.capture
     started = time.perf_counter()
     loader = plan.feed.loader(plan.dataset, plan.indices[plan.resume_from:], plan.batching)
-    store = Store(plan.path, config_yaml=plan.config_yaml, num_rows=plan.num_rows,
-                  datasets=plan.datasets, has_target=plan.has_target,
-                  token_rows=plan.feed.token_rows, num_tokens=plan.num_tokens,
-                  resume_from=plan.resume_from,
-                  compression=option_name(cfg.output.compression),
-                  compression_level=cfg.output.compression_level, attrs=plan.attrs,
-                  locking=plan.locking)
+    store = None
     try:
+        store = Store(plan.path, config_yaml=plan.config_yaml, num_rows=plan.num_rows,
+                      datasets=plan.datasets, has_target=plan.has_target,
+                      token_rows=plan.feed.token_rows, num_tokens=plan.num_tokens,
+                      resume_from=plan.resume_from,
+                      compression=option_name(cfg.output.compression),
+                      compression_level=cfg.output.compression_level, attrs=plan.attrs,
+                      locking=plan.locking)
         with store, BackgroundWriter(store, commit_every_batches=int(cfg.output.commit_every),
                                      commit_every_seconds=float(cfg.output.commit_seconds)
                                      ) as writer:
@@ -120,14 +127,44 @@ def _write(plan: Plan, stop: StopRequest) -> Path:
         saved = (f"with {store.num_committed}{of} rows saved in {store.partial}; run the same "
                  "command again to resume" if store.partial.exists() else
                  "before any rows were saved; run the same command again to start")
-        name = signal.Signals(stop.signum).name
-        raise RunStopped(f"stopped by {name} {saved}", exit_code=128 + int(stop.signum)) from None
+        message = f"stopped by {signal.Signals(stop.signum).name} {saved}"
+        if stop.hand_on is not None:  # a scheduler's handler: it requeues the job, or says why not
+            log.warning("%s", message)
+            stop.hand_on(stop.signum, None)
+        raise RunStopped(message, exit_code=128 + int(stop.signum)) from None
+    except (OSError, RuntimeError) as err:
+        if not _disk_full(err):
+            raise
+        raise _disk_full_error(plan, store) from None
     seconds = time.perf_counter() - started
     log.info("wrote %d rows (%s) in %.1f s: %.3g %s/s, %s/s, to %s",
              store.num_written - plan.resume_from, human_bytes(store.bytes_written), seconds,
              units / seconds, plan.feed.unit, human_bytes(store.bytes_written / seconds),
              plan.path)
     return plan.path
+
+
+def _disk_full(err: BaseException | None) -> bool:
+    """Whether ``err``, or an error that led to it, says that the disk is full."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "errno = 28," in str(err) or "No space left on device" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _disk_full_error(plan: Plan, store: Store | None) -> OutputError:
+    free = human_bytes(shutil.disk_usage(plan.path.parent).free)
+    wrote = "" if store is None else f" after writing {human_bytes(store.bytes_written)}"
+    saved = plan.committed if store is None else store.num_committed
+    of = "" if plan.num_rows is None else f" of {plan.num_rows}"
+    kept = (f"{saved}{of} rows are saved in {partial_path(plan.path).name}; free space, then run "
+            "the same command again to continue" if saved else
+            "no rows were saved yet; free space, then run the same command again")
+    return OutputError(f"the disk that holds {str(plan.path.parent)!r} is full ({free} free)"
+                       f"{wrote}: {kept}")
 
 
 def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> int:
@@ -171,7 +208,10 @@ class _Stopped(Exception):
 @contextmanager
 def _stop_signals(stop: StopRequest):
     """SIGINT and SIGTERM (Ctrl-C; SLURM before preemption or the time limit) ask the loop to
-    stop at the next batch boundary. A second one acts as it would without probe."""
+    stop at the next batch boundary; so does SIGUSR2 where a handler of Python code waits for
+    it (submitit's, which requeues a job that is preempted or reaches its time limit): that
+    handler then gets the signal, after the commit. A second signal acts as it would without
+    probe."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be set from the main thread
         return
@@ -180,9 +220,15 @@ def _stop_signals(stop: StopRequest):
     def handler(signum, frame):
         stop.signum = signum
         signal.signal(signum, previous[signum])
+        if callable(previous[signum]) and previous[signum] is not signal.default_int_handler:
+            stop.hand_on = previous[signum]
         log.warning("%s received: stopping after this batch", signal.Signals(signum).name)
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    signals = [signal.SIGINT, signal.SIGTERM]
+    usr2 = getattr(signal, "SIGUSR2", None)
+    if usr2 is not None and callable(signal.getsignal(usr2)):
+        signals.append(usr2)
+    for signum in signals:
         previous[signum] = signal.signal(signum, handler)
     try:
         yield

@@ -13,8 +13,10 @@ Text runs also store rows per token: the store then keeps ``offsets`` (sample i'
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import math
 import os
+import sys
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
@@ -38,6 +40,8 @@ from probe.format import (
 from probe.partial import LIBVER, open_for_writing
 
 __all__ = ["Store", "chunk_shape", "filter_options", "as_array"]
+
+log = logging.getLogger(__name__)
 
 _CHUNK_BYTES = 2 << 20  # aim for about 2 MiB per chunk (h5py advises 10 KiB to a few MiB)
 # A compressed chunk is written once, when full (see Store._write_rows), so its rows become
@@ -154,8 +158,14 @@ class Store:
     def __enter__(self) -> Store:
         return self
 
-    def __exit__(self, *exc_info) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception as err:  # the block's own error (a full disk, say) is the one to report
+            log.debug("closing %s after an error failed too: %r", self.partial, err)
 
     def _create(self, config_yaml: str, has_target: bool,
                 datasets: Mapping[str, DatasetSpec], attrs: Mapping,
@@ -177,9 +187,8 @@ class Store:
             Attr.CONFIG: config_yaml,
             "probe_version": __version__,
             "torch_version": torch.__version__,
-            # from the package's metadata: importing torchvision takes seconds
-            "torchvision_version": metadata.version("torchvision"),
             "h5py_version": h5py.__version__,
+            **_library_versions(),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             Attr.COMPLETE: False,
             Attr.NUM_SAMPLES: -1 if self.num_rows is None else self.num_rows,
@@ -334,6 +343,22 @@ class Store:
             self._file.close()
             if self.created and self.num_committed == 0:
                 self.partial.unlink(missing_ok=True)
+
+
+# libraries whose version decides what a model computes, recorded where the run used them
+_MODEL_LIBRARIES = ("torchvision", "timm", "transformers", "open_clip_torch")
+
+
+def _library_versions() -> dict[str, str]:
+    found = {}
+    for name in _MODEL_LIBRARIES:
+        module = "open_clip" if name == "open_clip_torch" else name
+        if module in sys.modules:
+            try:
+                found[f"{module}_version"] = metadata.version(name)
+            except metadata.PackageNotFoundError:  # imported from a source tree
+                found[f"{module}_version"] = str(getattr(sys.modules[module], "__version__", ""))
+    return found
 
 
 def attr_value(value):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 
 import h5py
@@ -111,3 +112,34 @@ def test_a_read_only_working_directory_is_one_line(monkeypatch, capsys):
     assert err.count("\n") == 1 and err.startswith("probe: error: the current folder")
     assert "hydra.run.dir=" in err
     command._refuse_a_read_only_directory(["hydra.run.dir=/elsewhere"])  # nothing to refuse
+
+
+def test_overrides_with_long_absolute_paths(tmp_path, checkpoints):
+    # two long absolute paths make a run folder name beyond the 255 bytes a file name may take
+    from PIL import Image
+
+    weights = tmp_path.joinpath("w" * 100, "x" * 100, "resnet18.pt")
+    images = tmp_path.joinpath("i" * 100, "j" * 100, "images")
+    weights.parent.mkdir(parents=True)
+    os.link(checkpoints["resnet18"], weights)
+    for label, colour in (("cat", "red"), ("dog", "blue")):
+        (images / label).mkdir(parents=True)
+        Image.new("RGB", (40, 36), colour).save(images / label / "a.png")
+    args = ["model=resnet18", f"model.weights={weights}", "layers=[fc]", "dataset=imagefolder",
+            f"dataset.root={images}", "dataset.image_size=32"]
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    files = list((tmp_path / "outputs").rglob("features.h5"))
+    assert len(files) == 1
+    name = files[0].parent.name
+    assert len(name.encode()) <= 255 and len(name.rsplit("--", 1)[1]) == 8  # cut, hash kept
+    again = run_cli(*args, cwd=tmp_path)  # the same command finds its folder
+    assert again.returncode == 0 and "nothing to do" in again.stdout + again.stderr
+
+
+def test_an_unknown_flag_is_one_line(tmp_path):
+    for module in ("probe", "probe.layers"):
+        result = run_cli("--foo", "model=resnet18", cwd=tmp_path, module=module)
+        line = error_line(result)
+        assert f"python -m {module} does not know the flag '--foo'" in line
+        assert "--experimental-rerun" not in result.stderr  # not Hydra's whole usage

@@ -35,20 +35,13 @@ RUN = [*TINY_NET, "layers=[features.0,fc]", "dataset._target_=tests.tiny.PacedIm
 KEYS = ("index", "target", "features.0/output", "fc/output")
 
 
-def _start(tmp_path, samples: int, out: str, *extra: str):
+def _start(tmp_path, samples: int, out: str, *extra: str, env: dict | None = None):
     args = [*RUN, f"dataset.num_samples={samples}", f"output.path={tmp_path / out}", *extra]
     # a session of its own, so that a signal can go to its whole process group, as SLURM's does
     return subprocess.Popen([sys.executable, "-m", "probe", *args], cwd=tmp_path,
-                            env={**os.environ, "PYTHONPATH": str(REPO)},
+                            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-
-
-def _wait_for(path, seconds: float = 60.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
 
 
 def _assert_same_file(a, b) -> None:
@@ -89,6 +82,30 @@ def test_signal_stops_at_a_batch_boundary_and_the_run_resumes(tmp_path, referenc
     _assert_same_file(out, reference(samples))
 
 
+def test_a_schedulers_sigusr2_handler_gets_the_signal_after_the_commit(tmp_path, reference,
+                                                                       caplog):
+    # submitit waits for SIGUSR2 before a preemption or the time limit, and requeues the job
+    samples, out = 40, tmp_path / "f.h5"
+    cfg = compose_cfg(*RUN, f"dataset.num_samples={samples}", output=out, tiny=False)
+    handed = []
+
+    def requeue(signum, frame):  # as submitit's handler: it would requeue, then exit
+        with probe.open(out, allow_partial=True) as partial:
+            handed.append((signum, partial.num_rows))
+
+    previous = signal.signal(signal.SIGUSR2, requeue)
+    try:
+        with pytest.raises(RunStopped, match="stopped by SIGUSR2 with 12 of 40 rows saved"):
+            run_with(cfg, dataset=PacedImages(samples, 32, at=9, signum=signal.SIGUSR2))
+        assert signal.getsignal(signal.SIGUSR2) is requeue
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert handed == [(signal.SIGUSR2, 12)]  # after the rows were committed
+    assert "stopped by SIGUSR2 with 12 of 40 rows saved" in caplog.text  # in the job's log
+    probe.run(cfg)
+    _assert_same_file(out, reference(samples))
+
+
 def test_sigterm_to_the_process_group_with_loader_workers(tmp_path):
     """SLURM signals every process of a job: the DataLoader's workers must leave the stop to
     the run, or the loader fails before the run can commit and say how to resume."""
@@ -112,27 +129,33 @@ def test_a_stop_before_the_first_commit_leaves_nothing_and_says_so(make_cfg, tmp
     assert info.value.exit_code == 130 and no_h5_files(tmp_path)
 
 
-def _kill_until_done(tmp_path, samples: int, kills: int, seed: int, *extra: str) -> list[int]:
-    """SIGKILL the run at random moments ``kills`` times, then let it finish; the rows each
-    attempt found committed."""
+def _kill_until_done(tmp_path, samples: int, kills: int, seed: int, *extra: str,
+                     at: int | None = None) -> list[int]:
+    """SIGKILL the run ``kills`` times, then let it finish; the rows each attempt found
+    committed. The kill comes when the dataset loads sample ``at``, or, without ``at``, at a
+    random moment after the process starts (before its file exists, sometimes, or in its
+    first commit)."""
     rng = random.Random(seed)
     resumed_at = []
     for attempt in range(kills + 1):
-        process = _start(tmp_path, samples, "f.h5", *extra)
-        if attempt < kills:
-            _wait_for(tmp_path / "f.h5.partial")
-            assert not (tmp_path / "f.h5").exists()  # a partial file never sits at the path
-            time.sleep(rng.uniform(0.5, 1.5))
+        killing = attempt < kills
+        env = ({"PACED_SIGNAL_AT": str(at), "PACED_SIGNAL": str(int(signal.SIGKILL))}
+               if killing and at is not None else {})
+        process = _start(tmp_path, samples, "f.h5", *extra, env=env)
+        if killing and at is None:
+            time.sleep(rng.uniform(0.0, 6.0))  # python and torch take about 3 s to start
             process.kill()
         stdout, stderr = process.communicate(timeout=300)
         marker = [line for line in (stdout + stderr).splitlines() if "resuming" in line]
         resumed_at.append(int(marker[0].split("after ")[1].split()[0]) if marker else 0)
-        if attempt == kills:
+        if not killing:
             assert process.returncode == 0, stderr
         else:
-            assert not (tmp_path / "f.h5").exists()
-            with pytest.raises(OutputError, match="not finished"):
-                probe.open(tmp_path / "f.h5")
+            assert process.returncode == -signal.SIGKILL, stderr
+            assert not (tmp_path / "f.h5").exists()  # a partial file never sits at the path
+            if (tmp_path / "f.h5.partial").exists():
+                with pytest.raises(OutputError, match="not finished"):
+                    probe.open(tmp_path / "f.h5")
     return resumed_at
 
 
@@ -142,7 +165,7 @@ COMPRESSION = ["output.compression=none", "output.compression=lzf"]
 
 @pytest.mark.parametrize("compression", COMPRESSION)
 def test_sigkill_then_resume_gives_the_uninterrupted_file(tmp_path, reference, compression):
-    resumed_at = _kill_until_done(tmp_path, 300, 1, 0, compression)
+    resumed_at = _kill_until_done(tmp_path, 300, 1, 0, compression, at=150)
     assert max(resumed_at) > 0  # work was kept, not redone
     _assert_same_file(tmp_path / "f.h5", reference(300))
 
@@ -150,9 +173,9 @@ def test_sigkill_then_resume_gives_the_uninterrupted_file(tmp_path, reference, c
 @pytest.mark.slow
 @pytest.mark.parametrize("compression", COMPRESSION)
 def test_many_random_sigkills(tmp_path, reference, compression):
-    resumed_at = _kill_until_done(tmp_path, 1200, 25, 1, compression)
+    resumed_at = _kill_until_done(tmp_path, 600, 25, 1, compression)
     assert resumed_at == sorted(resumed_at)  # committed rows never go backwards
-    _assert_same_file(tmp_path / "f.h5", reference(1200))
+    _assert_same_file(tmp_path / "f.h5", reference(600))
 
 
 def test_resume_with_another_config_is_refused(make_cfg, tmp_path, monkeypatch):

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import REPO, TINY_NET
+import probe
+from tests.conftest import REPO, TINY_NET, error_line, run_cli
 
 CRASH = REPO / "tests" / "crash"
 IMAGES = [*TINY_NET, "layers=[features.0,fc]", "dataset.image_size=32",
@@ -98,3 +100,22 @@ def test_text_survives_a_kill_at_every_few_writes(shim, tmp_path, text_run, extr
     pytest.importorskip("transformers")
     keys = TEXT_KEYS if GRADIENTS[0] in extra else TEXT_KEYS[:-1]
     _kill_everywhere(shim, tmp_path, [*text_run, *extra], keys, every=5)
+
+
+def test_a_full_disk_is_one_line_and_the_rerun_continues(shim, tmp_path):
+    # the 40th write to the partial file fails with ENOSPC, and so does every later one
+    out = tmp_path / "features.h5"
+    args = [*IMAGES, f"output.path={out}"]
+    full = run_cli(*args, cwd=tmp_path, LD_PRELOAD=str(shim), KILL_MATCH="features.h5.partial",
+                   KILL_AT="40", KILL_MODE="enospc")
+    line = error_line(full)
+    assert re.search(r"the disk that holds .* is full \(.* free\) after writing .*: (\d+) of 40 "
+                     r"rows are saved in features.h5.partial; free space, then run the same "
+                     r"command again to continue", line), line
+    saved = int(re.search(r": (\d+) of 40", line).group(1))
+    assert saved > 0 and not out.exists()
+    again = run_cli(*args, cwd=tmp_path)  # space again
+    assert again.returncode == 0, again.stderr
+    assert f"resuming {out}.partial after {saved} committed rows" in again.stdout + again.stderr
+    with probe.open(out) as f:
+        assert f.index.tolist() == list(range(40))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import shutil
 import socket
 import sys
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 import probe
-from probe.errors import DataError, OutputError
+from probe.errors import DataError, OutputError, ProbeError
 from probe.fit import fit_probes
 from probe.merge import merge
 from probe.output import WriterLock
@@ -156,3 +157,96 @@ def test_fit_on_a_file_probe_did_not_write(tmp_path):
         f["x"] = np.zeros((4, 3))
     with pytest.raises(DataError, match=r"is not a probe file \(it has no 'config' attribute\)"):
         fit_probes(tmp_path / "other.h5")
+
+
+def test_a_folder_as_output_path_is_refused_before_any_compute(make_cfg, tmp_path):
+    folder = tmp_path / "feats"
+    folder.mkdir()
+    with pytest.raises(OutputError, match=r"output.path=.*feats' is a folder; name a file in "
+                                          r"it, e.g. output.path=.*feats/features.h5"):
+        probe.plan(make_cfg(*RUN, output=folder))
+    assert not any(folder.iterdir())
+
+
+def test_what_a_stopped_run_left_unusable_is_removed_and_the_run_starts_again(
+        make_cfg, tmp_path, caplog):
+    path = tmp_path / "features.h5"
+    (tmp_path / "features.h5.partial.new").write_bytes(b"\x89HDF\r\n\x1a\n")  # cut off mid-way
+    (tmp_path / "features.h5.partial").write_bytes(b"\x89HDF\r\n")  # nothing readable
+    with caplog.at_level(logging.WARNING):
+        probe.run(make_cfg(*RUN))
+    said = caplog.text
+    assert "features.h5.partial.new (a run was stopped while it created it)" in said
+    assert "features.h5.partial (it cannot be read" in said
+    with probe.open(path) as f:
+        assert f.num_rows == 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["features.h5"]
+
+
+def _mark_open_for_writing(path) -> None:
+    # the superblock of a file whose SWMR writer was killed: status flags write + SWMR write
+    from probe.partial import lookup3
+
+    with open(path, "r+b") as stream:
+        block = bytearray(stream.read(48))
+        block[11] = 5
+        block[44:48] = lookup3(bytes(block[:44])).to_bytes(4, "little")
+        stream.seek(0)
+        stream.write(block)
+
+
+def test_a_complete_file_killed_before_its_rename_is_only_renamed(make_cfg, tmp_path, caplog):
+    first = probe.run(make_cfg(*RUN))
+    with h5py.File(first, "r") as f:
+        values = f["fc/output"][:]
+    partial = first.with_name("features.h5.partial")
+    first.rename(partial)
+    _mark_open_for_writing(partial)
+    with pytest.raises(OSError, match="already open for write"):
+        h5py.File(partial, "r")
+    with caplog.at_level(logging.INFO):
+        probe.run(make_cfg(*RUN))
+    assert "is complete but was stopped before its rename; renaming it" in caplog.text
+    with h5py.File(first, "r") as f:  # plain h5py, and so the C library's tools, open it
+        np.testing.assert_array_equal(f["fc/output"][:], values)
+    assert not partial.exists()
+
+
+def test_a_file_being_written_says_by_whom(make_cfg, tmp_path, monkeypatch):
+    cfg = make_cfg(*RUN, "output.commit_every=1")
+    interrupt_after(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        probe.run(cfg)
+    path = tmp_path / "features.h5"
+    with WriterLock(path):
+        with pytest.raises(OutputError, match=rf"not finished .*: process {os.getpid()} on "
+                                              rf"{socket.gethostname()} is writing it"):
+            probe.open(path)
+        with probe.open(path, allow_partial=True) as f:  # its committed rows, while it writes
+            assert f.num_rows == 4
+    with pytest.raises(OutputError, match="its run was stopped before it finished"):
+        probe.open(path)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["output.commit_every=0"], r"output.commit_every=0 must be at least 1"),
+    (["output.commit_seconds=0"], r"output.commit_seconds=0.0 must be more than 0"),
+    (["hooks=[backward]", "objective=nll"],
+     r"objective=nll is a language model's next-token loss; .* use objective=top1 or target"),
+    (["model._target_=mylab.nets.Missing"],
+     r"model._target_='mylab.nets.Missing' cannot be imported \(ModuleNotFoundError: No module "
+     r"named 'mylab'\); install the package .* on PYTHONPATH$"),
+])
+def test_mistakes_are_one_precise_line(make_cfg, tmp_path, overrides, message):
+    with pytest.raises(ProbeError, match=message) as refused:
+        probe.run(make_cfg(*RUN, *overrides))
+    assert "\n" not in str(refused.value)
+    assert no_h5_files(tmp_path)
+
+
+def test_weights_that_are_not_a_checkpoint(make_cfg, tmp_path):
+    notes = tmp_path / "notes.pt"
+    notes.write_text("these are my notes\n")
+    with pytest.raises(DataError, match=r"notes.pt' is not a torch checkpoint \(torch.save "
+                                        r"writes a zip archive; this file starts with b'these "):
+        probe.run(make_cfg("model=resnet18", "layers=[fc]", f"model.weights={notes}"))

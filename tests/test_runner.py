@@ -176,11 +176,14 @@ def test_output_path_is_required_outside_hydra(make_cfg):
         probe.run(cfg)
 
 
-def test_a_file_that_is_not_ours_is_refused(make_cfg, tmp_path):
+@pytest.mark.parametrize("overwrite", ["false", "true"])
+def test_a_file_that_is_not_ours_is_refused(make_cfg, tmp_path, overwrite):
+    # never replaced, and never a message that suggests output.overwrite=true for it
     path = tmp_path / "features.h5"
     path.write_text("something else")
-    with pytest.raises(OutputError, match="not a readable probe file"):
-        probe.run(make_cfg("model=resnet18", "layers=[fc]"))
+    with pytest.raises(OutputError, match="not a file that probe wrote") as refused:
+        probe.run(make_cfg("model=resnet18", "layers=[fc]", f"output.overwrite={overwrite}"))
+    assert "overwrite" not in str(refused.value)
     assert path.read_text() == "something else"
 
 

@@ -32,11 +32,16 @@ class PacedImages(SyntheticImages):
     """Synthetic images that take ``delay`` seconds each to load, and send ``signum`` when
     item ``at`` is loaded: a run of a known length, stopped at a known moment. The signal goes
     to this process, or with ``group`` to its whole process group, as SLURM signals every
-    process of a job (only in a process started with a session of its own)."""
+    process of a job (only in a process started with a session of its own). A CLI run takes
+    ``at`` and ``signum`` from $PACED_SIGNAL_AT and $PACED_SIGNAL, which leave the config, and
+    so the resume of the next run, as they are."""
 
     def __init__(self, *args, delay: float = 0.0, at: int | None = None,
                  signum: int = signal.SIGTERM, group: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
+        if at is None and os.environ.get("PACED_SIGNAL_AT"):
+            at = int(os.environ["PACED_SIGNAL_AT"])
+            signum = int(os.environ.get("PACED_SIGNAL", signal.SIGTERM))
         self.delay, self.at, self.signum, self.group = float(delay), at, int(signum), group
 
     def __getitem__(self, index: int):

@@ -57,12 +57,41 @@ def _to_log_files(level: int, message: str) -> None:
             handler.handle(record)
 
 
-def hydra_command(config_name: str) -> Callable[[Callable], Callable[[], None]]:
+def hydra_command(config_name: str, prog: str) -> Callable[[Callable], Callable[[], None]]:
     """``hydra.main`` on probe's config folder with ``config_name``, for a task that is
-    already wrapped by ``exit_on_user_error``."""
+    already wrapped by ``exit_on_user_error``; ``prog`` (``python -m probe.layers``) names the
+    command in the one line that refuses a flag Hydra does not know."""
     import hydra
 
-    return hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=config_name)
+    decorate = hydra.main(version_base="1.3", config_path=str(CONFIG_DIR),
+                          config_name=config_name)
+
+    def wrap(task: Callable) -> Callable[[], None]:
+        main = decorate(task)
+
+        def checked() -> None:
+            _refuse_unknown_flags(sys.argv[1:], prog)
+            main()
+        return checked
+    return wrap
+
+
+# Hydra's own command-line flags (python -m probe --help lists them)
+_HYDRA_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "--resolve", "-p",
+                "--package", "-r", "--run", "-m", "--multirun", "-sc", "--shell-completion",
+                "-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
+                "--experimental-rerun", "-i", "--info"}
+
+
+def _refuse_unknown_flags(args: list[str], prog: str) -> None:
+    # argparse would print Hydra's whole usage, then blame "__main__.py"
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if arg.startswith("-") and flag not in _HYDRA_FLAGS:
+            print(f"probe: error: {prog} does not know the flag {arg!r}; settings are given as "
+                  f"key=value (e.g. model=resnet18 'layers=[layer4]'), and {prog} --help "
+                  "lists them", file=sys.stderr)
+            sys.exit(1)
 
 
 # Characters a run folder's name keeps as they are: none of them is syntax to a shell or to
@@ -84,15 +113,23 @@ def run_folder_name(overrides: str) -> str:
     this can be undone as long as the overrides hold only letters, digits, ``.`` and ``_``
     (no readable name holds ``--``). Otherwise the other characters
     become ``_`` and ``--`` plus 8 hex digits of the overrides' hash follow, so that two
-    commands never share a folder (``layers=[a.1?]`` and ``layers=[a.1*]`` differ).
+    commands never share a folder (``layers=[a.1?]`` and ``layers=[a.1*]`` differ). A name
+    longer than file systems allow (255 bytes; overrides with long paths) is cut, and the hash
+    follows it likewise.
     """
     if not overrides:
         return "default"
     name = overrides.replace("=", "-").replace(",", "+").replace("[", "").replace("]", "")
-    if _READABLE.fullmatch(overrides):
+    if _READABLE.fullmatch(overrides) and len(name) <= _LONGEST_NAME:
         return name
     digest = hashlib.sha256(overrides.encode()).hexdigest()[:8]
-    return re.sub(r"[^A-Za-z0-9._+-]", "_", name).replace("--", "-_") + f"--{digest}"
+    plain = re.sub(r"[^A-Za-z0-9._+-]", "_", name).replace("--", "-_")[:_LONGEST_NAME]
+    return plain.rstrip("-") + f"--{digest}"
+
+
+# the longest readable part of a run folder's name: with "--" and the hash, 210 characters,
+# all ASCII, below the 255 bytes of a file name on Linux and macOS file systems
+_LONGEST_NAME = 200
 
 
 OmegaConf.register_new_resolver("probe_run_folder", run_folder_name, replace=True)

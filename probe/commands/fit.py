@@ -51,4 +51,4 @@ def main() -> None:
     """``python -m probe.fit file=PATH``: fit the probes, write the table and the plot."""
     import probe.fit_config  # noqa: F401  (registers fit_schema)
 
-    hydra_command("fit")(_fit)()
+    hydra_command("fit", "python -m probe.fit")(_fit)()

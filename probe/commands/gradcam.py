@@ -33,4 +33,4 @@ def main() -> None:
     """``python -m probe.gradcam file=PATH layer=NAME``: store the maps, draw a montage."""
     import probe.gradcam_config  # noqa: F401  (registers gradcam_schema)
 
-    hydra_command("gradcam")(_gradcam)()
+    hydra_command("gradcam", "python -m probe.gradcam")(_gradcam)()

@@ -68,4 +68,4 @@ def main() -> None:
     """``python -m probe.layers``: list the model's modules; writes no run folder."""
     sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none",
                  "hydra/hydra_logging=none"]
-    hydra_command("config")(_list_layers)()
+    hydra_command("config", "python -m probe.layers")(_list_layers)()

@@ -82,7 +82,7 @@ def _run(cfg: DictConfig) -> None:
 def main() -> None:
     """``python -m probe``: run the pipeline."""
     _refuse_a_read_only_directory(sys.argv[1:])
-    hydra_command("config")(_run)()
+    hydra_command("config", "python -m probe")(_run)()
 
 
 def _refuse_a_read_only_directory(args: list[str]) -> None:

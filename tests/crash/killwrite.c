@@ -5,7 +5,7 @@
 // with killwrite_arm(k, enospc), the process is SIGKILLed just before its k-th such write
 // (what is on disk is then what the first k - 1 writes made), or, with enospc, that write and
 // every later one fail with ENOSPC, as on a full disk. tests/crash/driver.py arms it in each
-// forked child through ctypes.
+// forked child through ctypes; a plain process is armed by $KILL_AT and $KILL_MODE=enospc.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -28,6 +28,11 @@ void killwrite_arm(long at, int fail_with_enospc) {
 }
 
 long killwrite_count(void) { return counter; }
+
+__attribute__((constructor)) static void arm_from_environment(void) {
+    const char *at = getenv("KILL_AT"), *mode = getenv("KILL_MODE");
+    if (at) killwrite_arm(atol(at), mode && strcmp(mode, "enospc") == 0);
+}
 
 static int watched(int fd) {
     const char *match = getenv("KILL_MATCH");
