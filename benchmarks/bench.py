@@ -30,7 +30,8 @@ from torch import nn
 import probe
 from probe.config import CONFIG_DIR
 from probe.data import SyntheticImages
-from probe.feed import Batching, TensorFeed
+from probe.feeds import Batching
+from probe.feeds.tensors import TensorFeed
 from probe.format import DatasetSpec
 from probe.store import Store
 

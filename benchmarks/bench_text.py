@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 
 import probe  # noqa: E402
 from probe.config import CONFIG_DIR  # noqa: E402
-from probe.feed import Batching  # noqa: E402
+from probe.feeds import Batching  # noqa: E402
 from tests.tiny_text import WORDS, tiny_gpt2, write_jsonl  # noqa: E402
 
 LAYER = "transformer.h.2"
@@ -91,7 +91,7 @@ def bare_forward(head, loader) -> float:
 
 def bare_grad(model, loader) -> float:
     """Forward, per-document mean next-token loss, autograd.grad to LAYER's output only."""
-    from probe.text.feed import nll
+    from probe.families.transformers import nll
 
     blocks = model.transformer.h
     for p in model.parameters():
@@ -103,7 +103,7 @@ def bare_grad(model, loader) -> float:
     for batch in loader:
         with torch.enable_grad():
             output = model(**batch.inputs)
-            torch.autograd.grad(nll(output, batch).sum(), kept["out"])
+            torch.autograd.grad(nll(output.logits, batch).sum(), kept["out"])
     elapsed = time.perf_counter() - started
     hook.remove()
     for p in model.parameters():
@@ -113,7 +113,7 @@ def bare_grad(model, loader) -> float:
 
 def padded_share(dataset, batching: Batching) -> float:
     """The share of the positions a run's batches compute that are padding."""
-    from probe.text.batching import plan_batches
+    from probe.feeds.buckets import plan_batches
 
     lengths = dataset.lengths(list(range(len(dataset))))
     planned = plan_batches(lengths, batching)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from probe.version import __version__
+
 __all__ = ["run", "plan", "execute", "attach", "open", "Capture", "FeatureFile", "ProbeError",
            "__version__"]
 

@@ -1,8 +1,9 @@
 """The model and the dataset a config names, through ``hydra.utils.instantiate``.
 
-A config's ``model`` and ``dataset`` nodes each name a ``_target_``; a ProbeError raised while
-building (an unknown model name, a missing folder) reaches the user as it is, anything else
-becomes a ConfigError that names the node.
+A config's ``model`` and ``dataset`` nodes each name a ``_target_`` (a model family's builder,
+probe.families, or a dataset); a ProbeError raised while building (an unknown model name, a
+missing folder) reaches the user as it is, anything else becomes a ConfigError that names the
+node.
 """
 
 from __future__ import annotations
@@ -32,20 +33,24 @@ def build_model(cfg: DictConfig) -> nn.Module:
 
 
 def build_dataset(cfg: DictConfig) -> Dataset:
-    """The config's dataset. With ``dataset.transform=auto``, a model that has its own
+    """The config's dataset. With ``dataset.transform=auto``, a model whose family has its own
     evaluation preprocessing (named torchvision weights, timm) gives the dataset that
-    transform (probe.preprocess).
+    transform. ``dataset.on_error`` is probe's (how the loader treats a bad sample), not the
+    dataset's: it is left out of the dataset's arguments.
 
     Raises:
         ConfigError: a dataset config that cannot be built.
     """
-    if str(cfg.dataset.get("transform", "")) == "auto":
-        from probe.preprocess import model_transform
+    node = cfg.dataset
+    if "on_error" in node:
+        node = OmegaConf.masked_copy(node, [k for k in node if k != "on_error"])
+    if str(node.get("transform", "")) == "auto":
+        from probe.families import family_for
 
-        transform = model_transform(cfg.model)
+        transform = family_for(cfg.model).transform(cfg.model)
         if transform is not None:
-            return _instantiate(cfg.dataset, "dataset", transform=transform)
-    return _instantiate(cfg.dataset, "dataset")
+            return _instantiate(node, "dataset", transform=transform)
+    return _instantiate(node, "dataset")
 
 
 def _instantiate(node: DictConfig, what: str, **kwargs):

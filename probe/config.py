@@ -14,13 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 from probe.errors import ConfigError
-from probe.format import Hook
+from probe.format import Hook, Reduce, Tokens, member
 
 __all__ = [
     "CONFIG_DIR",
@@ -47,24 +47,6 @@ def _config_dir() -> Path:
 
 
 CONFIG_DIR = _config_dir()
-
-
-class Reduce(str, Enum):
-    """How a captured (N, C, ...) tensor is reduced before it is stored."""
-
-    none = "none"
-    mean = "mean"
-    max = "max"
-    flatten = "flatten"
-
-
-class Tokens(str, Enum):
-    """Which rows a (batch, sequence, ...) output gives: one per token, or one per sample."""
-
-    all = "all"
-    first = "first"
-    last = "last"
-    mean = "mean"
 
 
 class Dtype(str, Enum):
@@ -207,18 +189,6 @@ def check_known_keys(cfg: DictConfig, schema: type = ProbeConfig, prefix: str = 
         nested = next((c for c in (ShardConfig, OutputConfig) if kind in (c, c.__name__)), None)
         if nested is not None and isinstance(cfg[key], DictConfig):
             check_known_keys(cfg[key], nested, f"{prefix}{key}.")
-
-
-_E = TypeVar("_E", bound=Enum)
-
-
-def member(enum: type[_E], value: str | _E, label: str) -> _E:
-    """``value`` as a member of ``enum``, looked up by name, or a ConfigError naming them all."""
-    if isinstance(value, enum):
-        return value
-    if str(value) not in enum.__members__:
-        raise ConfigError(f"{label} is unknown; use any of {', '.join(enum.__members__)}")
-    return enum[str(value)]
 
 
 def option_name(value) -> str:

@@ -1,48 +1,56 @@
 """The dry run: one sample through the model, forward only, with hooks of its own, before any
 file exists.
 
-It finds what every stored dataset will hold (``DatasetSpec``: row shape, type, attrs), how often
-each hooked module runs per forward pass, which captured tensors are token layouts, layers that
-do not run, and a model that fails on the data, which it reports in one line naming the module.
+It finds the shape of every captured tensor, how often each hooked module runs per forward
+pass, which captured tensors are token layouts (their second axis is the layout's token axis
+in every dry batch), layers that do not run, and a model that fails on the data, which it
+reports in one line naming the module.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from probe.config import Reduce, Tokens
 from probe.errors import ConfigError, ProbeError
-from probe.feed import Batch, Objective
-from probe.format import Attr, DatasetSpec, call_key, parse_kind, split_key
+from probe.feeds import Batch
+from probe.format import call_key, parse_kind, split_key
 from probe.hooks import Capture, StopForward
-from probe.reduce import reduce_tensor
-from probe.tokens import is_vision_transformer
 
-__all__ = ["dry_run"]
+__all__ = ["DryRun", "dry_run"]
 
 # the forward hook whose value has the shape of each kind (gradients have their tensor's shape)
 _SHAPE_SOURCE = {"output": "forward", "grad_output": "forward", "input": "forward_pre",
                  "grad_input": "forward_pre"}
 
 
-def dry_run(capture: Capture, feed, batches: list[Batch], device: torch.device,
-            objective: Objective | None = None) -> dict[str, DatasetSpec]:
-    """The spec of every dataset ``capture`` fills, from ``batches`` (one sample each; a feed
-    of token sequences gives two of different lengths). Sets ``capture.calls`` (how often each
-    hooked module runs per forward pass) and ``capture.token_keys`` (the keys whose tensors
-    have (batch, token) leading axes). ``objective``, for a gradient run, is checked on the
-    model's output.
+@dataclass
+class DryRun:
+    """What one sample showed about each key the capture fills."""
+
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # batch axis first
+    layouts: set[str] = field(default_factory=set)  # keys whose tensors are token layouts
+    axis: str = "token"  # what the layouts' positions are called (the family's word)
+
+
+def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.device,
+            objective=None) -> DryRun:
+    """The raw shape of every key ``capture`` fills, from ``batches`` (one sample each; a feed
+    of sequences gives two of different lengths). Sets ``capture.calls`` (how often each
+    hooked module runs per forward pass) and ``capture.tuple_positions``. ``objective``, for
+    a gradient run, is checked on the model's output.
 
     Raises:
         ConfigError: a layer that does not run, a model that fails on the sample (naming the
-            module), an objective that does not fit the output, a reduce that would pool a
-            token layout's features.
+            module), an objective that does not fit the output.
     """
     kinds = sorted({_SHAPE_SOURCE[hook.kind] for hook in capture.hooks})
     shapes: list[dict[str, tuple[int, ...]]] = []
+    lengths: list[int | None] = []
+    axis = "token"
     for n, batch in enumerate(batches):
         # The first pass runs the whole model and counts how often each hooked module runs;
         # later ones only need the hooked modules' shapes.
@@ -50,71 +58,36 @@ def dry_run(capture: Capture, feed, batches: list[Batch], device: torch.device,
                       stop_early=n > 0, calls=capture.calls if n > 0 else None)
         if n > 0:
             dry.arm()
-        batch = batch.to(device)
+        layout = family.token_layout(capture.model, batch)
+        lengths.append(None if layout is None else layout.length)
+        axis = axis if layout is None else layout.axis
+        on_device = batch.to(device)
         with dry, torch.inference_mode(), suppress(StopForward):
-            output = _forward(feed, capture.model, batch)
+            output = _forward(family, feed, capture.model, on_device)
             if objective is not None and n == 0:
-                objective(output, batch)
+                objective(output, on_device)
         shapes.append({key: tuple(value.shape) for key, value in dry.take().items()})
         if n == 0:
             capture.calls = dry.calls
-            positions = dict(dry.tuple_positions)
-    sources = _token_layouts(capture, feed, batches, shapes)
-    specs: dict[str, DatasetSpec] = {}
+            capture.tuple_positions.update(dry.tuple_positions)
+    found = DryRun(axis=axis)
     for key in capture.keys:
         layer, kind = split_key(key)
         kind, call = parse_kind(kind)
         source = call_key(layer, kind.removeprefix("grad_"), call)
-        if source in sources:
-            capture.token_keys.add(key)
-        # a token layout loses its token axis: it gives rows per token (token sequences with
-        # tokens=all), or one row per sample (first, last, mean); a vision transformer's with
-        # tokens=all keeps its (tokens, features) rows
-        pooled = source in sources and (feed.token_rows or capture.tokens is not Tokens.all)
-        per_token = source in sources and feed.token_rows and capture.tokens is Tokens.all
-        if source in sources and not pooled:
-            _refuse_feature_reduce(key, capture.reduces[layer])
-        raw = shapes[0][source]
-        rows = torch.empty((1, *raw[2:]) if pooled else raw, device="meta")
-        attrs = capture.attrs(key)
-        where = positions.get(source)
-        if where is not None:
-            attrs[Attr.KEYWORD if isinstance(where, str) else Attr.TUPLE_POSITION] = where
-        specs[key] = DatasetSpec(tuple(reduce_tensor(rows, capture.reduces[layer]).shape[1:]),
-                                 str(capture.dtype).removeprefix("torch."), attrs,
-                                 per_token=per_token)
-    return specs
+        found.shapes[key] = shapes[0][source]
+        if source in capture.tuple_positions:
+            capture.tuple_positions[key] = capture.tuple_positions[source]
+        if all(length is not None and len(s[source]) >= 3 and s[source][1] == length
+               for s, length in zip(shapes, lengths, strict=True)):
+            found.layouts.add(key)
+    return found
 
 
-def _token_layouts(capture: Capture, feed, batches: list[Batch],
-                   shapes: list[dict[str, tuple[int, ...]]]) -> set[str]:
-    """The captured keys whose tensors have (batch, token) leading axes: for token sequences,
-    those whose second axis follows the batch's length; for images, the 3-D outputs in a
-    vision transformer (timm's and torchvision's)."""
-    if feed.token_rows:
-        lengths = [batch.keep.shape[1] for batch in batches]
-        return {key for key in shapes[0] if all(
-            len(s[key]) > 1 and s[key][1] == n for s, n in zip(shapes, lengths, strict=True))}
-    if is_vision_transformer(capture.model):
-        return {key for key, shape in shapes[0].items() if len(shape) == 3}
-    return set()
-
-
-def _refuse_feature_reduce(key: str, how: Reduce) -> None:
-    # the axes after a token layout's "channel" axis are its features, not space
-    if how in (Reduce.mean, Reduce.max):
-        raise ConfigError(
-            f"reduce={how.name} on {key}, a token layout (N, tokens, features): it would "
-            f"{how.name}-pool the feature axis; pool the tokens instead with tokens=first "
-            "(the class token), last or mean, or leave this layer out of the reduce "
-            f"('reduce_by_layer={{{split_key(key)[0]}:none}}')"
-        )
-
-
-def _forward(feed, model: nn.Module, batch: Batch):
+def _forward(family, feed, model: nn.Module, batch: Batch):
     with _failing_module(model) as running:
         try:
-            return feed.forward(model, batch)
+            return family.forward(model, batch)
         except (ProbeError, StopForward):
             raise
         except Exception as err:  # the model's own error: say where, in one line

@@ -18,16 +18,18 @@ import hashlib
 import inspect
 import json
 import os
+import sys
 import zlib
 from pathlib import Path
 
 import torch
 from torch import nn
 
-__all__ = ["model_fingerprint", "data_fingerprint", "changes", "dumps", "loads"]
+from probe.families import model_libraries
 
-# classes from these packages change only with their version, which the file records
-_LIBRARIES = ("torch", "torchvision", "timm", "transformers")
+__all__ = ["model_fingerprint", "data_fingerprint", "library_versions", "changes", "dumps",
+           "loads"]
+
 
 
 def model_fingerprint(model: nn.Module) -> dict:
@@ -45,14 +47,26 @@ def model_fingerprint(model: nn.Module) -> dict:
             checksums[same] = _crc(tensor)
         weights.append(f"{name}:{checksums[same]:08x}")
     code = {}
+    libraries = model_libraries()  # their classes change only with their version, recorded
     for cls in {type(m) for m in model.modules()}:
-        if cls.__module__.split(".")[0] not in _LIBRARIES:
+        if cls.__module__.split(".")[0] not in libraries:
             try:
                 code[f"{cls.__module__}.{cls.__qualname__}"] = _digest([inspect.getsource(cls)])
             except (OSError, TypeError):  # defined where no source is kept
                 continue
     return {"modules": _digest(modules), "parameters": _digest(parameters),
             "weights": _digest(weights), "code": dict(sorted(code.items()))}
+
+
+def library_versions() -> dict[str, str]:
+    """``{"<library>_version": version}`` of the model families' libraries that this process
+    imported (torch's is recorded always, by the store)."""
+    found = {}
+    for name in model_libraries():
+        module = sys.modules.get(name)
+        if module is not None and name != "torch":
+            found[f"{name}_version"] = str(getattr(module, "__version__", ""))
+    return found
 
 
 def data_fingerprint(dataset) -> dict:

@@ -21,14 +21,18 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import TypeVar
 
 import h5py
 import numpy as np
 
+from probe.errors import ConfigError
+
 __all__ = [
-    "INDEX", "TARGET", "OFFSETS", "INPUT_IDS", "POSITIONS", "DOCUMENT", "TOKEN_ROWS", "Hook",
-    "HOOK_OF_KIND", "Attr", "DatasetSpec", "FileState", "dataset_key", "split_key", "call_key",
-    "parse_kind", "dataset_names", "partial_path", "creating_path", "read_state",
+    "INDEX", "TARGET", "OFFSETS", "INPUT_IDS", "POSITIONS", "DOCUMENT", "FILE", "SKIPPED",
+    "ROWS_PER_POSITION", "Hook", "HOOK_OF_KIND", "Reduce", "Tokens", "member", "Attr",
+    "DatasetSpec", "FileState", "dataset_key", "split_key", "call_key", "parse_kind",
+    "dataset_names", "partial_path", "creating_path", "read_state",
 ]
 
 INDEX = "index"
@@ -37,7 +41,9 @@ OFFSETS = "offsets"
 INPUT_IDS = "input_ids"
 POSITIONS = "positions"
 DOCUMENT = "document"
-TOKEN_ROWS = "token"  # the rows attr of a dataset with one row per stored token
+FILE = "file"  # each row's file, relative to the dataset's root (file-backed datasets)
+SKIPPED = "skipped"  # the dataset indices that dataset.on_error=skip left out
+ROWS_PER_POSITION = "token"  # the rows attr of a dataset with one row per stored position
 
 
 class Hook(str, Enum):
@@ -61,6 +67,41 @@ class Hook(str, Enum):
 HOOK_OF_KIND = {hook.kind: hook for hook in Hook}
 
 
+class Reduce(str, Enum):
+    """How a captured (N, C, ...) tensor is reduced before it is stored (the reduce attr)."""
+
+    none = "none"
+    mean = "mean"
+    max = "max"
+    flatten = "flatten"
+
+
+class Tokens(str, Enum):
+    """Which rows an output with a token axis, (batch, tokens, ...), gives: one per token, or
+    one per sample (the tokens attr)."""
+
+    all = "all"
+    first = "first"
+    last = "last"
+    mean = "mean"
+
+
+_E = TypeVar("_E", bound=Enum)
+
+
+def member(enum: type[_E], value: str | _E, label: str) -> _E:
+    """``value`` as a member of ``enum``, looked up by name.
+
+    Raises:
+        ConfigError: naming ``label`` and every member.
+    """
+    if isinstance(value, enum):
+        return value
+    if str(value) not in enum.__members__:
+        raise ConfigError(f"{label} is unknown; use any of {', '.join(enum.__members__)}")
+    return enum[str(value)]
+
+
 class Attr:
     """Attribute names of the root group and of each layer dataset."""
 
@@ -69,6 +110,7 @@ class Attr:
     COMPLETE = "complete"
     NUM_SAMPLES = "num_samples"
     NUM_COMMITTED = "num_committed"
+    NUM_SKIPPED = "num_skipped"  # left-out samples (dataset.on_error=skip) a commit vouches for
     LAYERS = "layers"
     HOOKS = "hooks"
     OBJECTIVE = "objective"
@@ -89,6 +131,8 @@ class Attr:
     CALL = "call"  # which run of a module that runs several times per forward pass (from 0)
     ROWS = "rows"  # "token" for a dataset with one row per stored token (else one per sample)
     KEYWORD = "keyword"  # the input was given by this keyword (Llama's hidden_states=...)
+    DIMS = "dims"  # the name of each axis: ["sample", "channel", "height", "width"], ...
+    CLASSES = "classes"  # root: the class names of a file-backed dataset, by target
 
 
 def dataset_key(layer: str, kind: str) -> str:
@@ -146,16 +190,20 @@ class DatasetSpec:
     dtype: str
     attrs: dict = field(default_factory=dict)
     compressible: bool = True  # index and target stay unfiltered, like the rows' bookkeeping
-    per_token: bool = False  # one row per stored token instead of one per sample
+    per_position: bool = False  # one row per stored position (token) instead of per sample
 
     @property
-    def stored_dtype(self) -> str:
-        """The HDF5 type: bfloat16, which HDF5 lacks, as its raw 16 bits."""
-        return "uint16" if self.dtype == "bfloat16" else self.dtype
+    def stored_dtype(self) -> np.dtype:
+        """The HDF5 type: bfloat16, which HDF5 lacks, as its raw 16 bits; text as UTF-8."""
+        if self.dtype == "str":
+            return h5py.string_dtype()
+        return np.dtype("uint16" if self.dtype == "bfloat16" else self.dtype)
 
     @property
     def row_bytes(self) -> int:
-        return np.dtype(self.stored_dtype).itemsize * math.prod(self.row_shape)
+        """Bytes a row takes on disk (text: a guess of a file path's length)."""
+        itemsize = 64 if self.dtype == "str" else self.stored_dtype.itemsize
+        return itemsize * math.prod(self.row_shape)
 
 
 @dataclass(frozen=True)

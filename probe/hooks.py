@@ -23,12 +23,21 @@ import torch
 from torch import nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-from probe.config import Reduce, Tokens, member
 from probe.errors import ConfigError
-from probe.format import HOOK_OF_KIND, Attr, Hook, call_key, dataset_key, parse_kind, split_key
+from probe.format import (
+    HOOK_OF_KIND,
+    Attr,
+    Hook,
+    Reduce,
+    call_key,
+    dataset_key,
+    member,
+    parse_kind,
+    split_key,
+)
+from probe.keys import KeyTransform, reduce_tensor
 from probe.layers import first_tensor, resolve_layers
-from probe.reduce import reduce_tensor, resolve_reduces
-from probe.tokens import select_tokens
+from probe.reduce import resolve_reduces
 
 __all__ = ["attach", "Capture", "StopForward", "parse_hooks"]
 
@@ -99,18 +108,17 @@ class Capture:
                  hooks: Iterable[str | Hook] = ("forward",), *, reduce: str | Reduce = "none",
                  reduce_by_layer: Mapping[str, str | Reduce] | None = None,
                  dtype: torch.dtype | None = None, stop_early: bool = False,
-                 tokens: str | Tokens = "all", calls: Mapping[str, int] | None = None):
+                 calls: Mapping[str, int] | None = None):
         self.model = model
         self.layers = resolve_layers(model, layers)
         self.hooks = parse_hooks(hooks)
         # layer -> how its values are reduced
         self.reduces = resolve_reduces(self.layers, reduce, reduce_by_layer)
         self.dtype = dtype
-        # Token layouts: the keys whose tensors have (batch, sequence) leading axes (set by the
-        # caller, who knows the model's layouts), are pooled by `tokens` before the reduce;
-        # `keep` (B, L), set before each pass, marks the positions that count (None: all).
-        self.tokens = member(Tokens, tokens, f"tokens={tokens!r}")
-        self.token_keys: set[str] = set()
+        # How each key's captured tensor becomes its stored rows, by key (set by the planner,
+        # from the dry run: probe.keys); a key without one is reduced and cast. `keep` (B, L),
+        # set before each pass, marks the positions of a token layout that count (None: all).
+        self.transforms: dict[str, KeyTransform] = {}
         self.keep: torch.Tensor | None = None
         # How often each hooked module runs in one forward pass: given (a dry run's count) or
         # learned from the first complete pass; every later pass must run them as often.
@@ -156,8 +164,10 @@ class Capture:
         """What the file records about the dataset "<layer>/<kind>"."""
         layer, kind = split_key(key)
         kind, call = parse_kind(kind)
+        transform = self.transforms.get(key)
+        reduce = self.reduces[layer] if transform is None else transform.reduce
         attrs = {Attr.LAYER: layer, Attr.HOOK: HOOK_OF_KIND[kind].name, Attr.KIND: kind,
-                 Attr.REDUCE: self.reduces[layer].name}
+                 Attr.REDUCE: reduce.name}
         if (self.calls or {}).get(layer, 1) > 1:
             attrs[Attr.CALL] = call
         if self.dtype is not None:
@@ -351,9 +361,11 @@ class Capture:
         if position is not None:
             self.tuple_positions[key] = position
         value = tensor.detach()
-        if key in self.token_keys:
-            value = select_tokens(value, self.keep, self.tokens)
-        value = reduce_tensor(value, self.reduces[split_key(key)[0]])
+        transform = self.transforms.get(key)
+        if transform is not None:
+            value = transform(value, self.keep)
+        else:
+            value = reduce_tensor(value, self.reduces[split_key(key)[0]])
         dtype = self.dtype or value.dtype
         if dtype == torch.float16 and value.dtype != torch.float16:
             self._overflow.append((value.abs() >= _FLOAT16_LIMIT).any())  # NaN stays NaN

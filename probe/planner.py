@@ -1,9 +1,10 @@
 """The plan of a run: everything that can fail is decided here, before a file exists.
 
-``plan(cfg)`` checks the config, finds what the output path already holds, builds the model and
-the dataset, resolves the layers and runs one sample through the model (the dry run) to learn
-the shape of every dataset and the bytes each row adds. ``probe.runner.execute`` then carries
-the plan out. Tests and benchmarks pass their own model or dataset::
+``plan(cfg)`` reads the config once (probe.settings), finds what the output path already holds,
+builds the model and the dataset, looks up the model's family and the data's feed, resolves
+the layers and runs one sample through the model (the dry run) to learn how every stored key
+is made and how large it is. ``probe.runner.execute`` then carries the plan out. Tests and
+benchmarks pass their own model or dataset::
 
     p = plan(cfg, model=my_model, dataset=my_data)
     execute(p)
@@ -14,73 +15,78 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
+import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import Dataset
 
 from probe.build import build_dataset, build_model
-from probe.config import check_known_keys, option_name
 from probe.data import check_selection, select_indices
-from probe.device import resolve_device
-from probe.dryrun import dry_run
+from probe.dryrun import DryRun, dry_run
 from probe.errors import ConfigError, OutputError
-from probe.feed import Batching, Objective, StreamSlice, feed_for
-from probe.fingerprint import changes, data_fingerprint, dumps, loads, model_fingerprint
-from probe.format import Attr, DatasetSpec, FileState
-from probe.hooks import Capture, parse_hooks
-from probe.layers import is_glob, match_layers
-from probe.output import (
-    WriterLock,
-    check_free_space,
-    check_writable,
-    existing_run,
-    file_locking,
-    output_path,
+from probe.families import Family, family_for
+from probe.feeds import Batching, Feed, OpenSelection, Selection, feed_for
+from probe.fingerprint import (
+    changes,
+    data_fingerprint,
+    dumps,
+    library_versions,
+    loads,
+    model_fingerprint,
 )
-from probe.store import filter_options
+from probe.format import INDEX, SKIPPED, Attr, DatasetSpec, FileState
+from probe.hooks import Capture
+from probe.keys import transforms_for
+from probe.layers import is_glob, match_layers
+from probe.objectives import Objective, make_objective
+from probe.output import WriterLock, check_free_space, check_writable, existing_run
+from probe.partial import open_for_reading
+from probe.settings import Settings, read_settings
 from probe.units import human_bytes
 
-__all__ = ["Plan", "plan", "TORCH_DTYPES"]
+__all__ = ["Plan", "plan"]
 
 log = logging.getLogger(__name__)
-
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass
 class Plan:
-    """A run, decided: where it writes, from which row, what it computes and stores.
+    """A run, decided: where it writes, from which sample, what it computes and stores.
 
     ``done`` plans (the finished file is there already) carry no model.
     """
 
-    cfg: DictConfig
-    path: Path
-    config_yaml: str
-    locking: bool | str | None
-    resume_from: int | None  # None: the file is complete already, there is nothing to do
+    settings: Settings
+    # where the samples resume: the selection's first ``resume_from`` are in the file already,
+    # as ``resume_rows`` rows and ``resume_skipped`` samples left out; None: the file is
+    # complete already, and there is nothing to do
+    resume_from: int | None
+    resume_rows: int = 0
+    resume_skipped: int = 0
+    committed: int = 0  # the rows the partial file held when planned
     # a complete file still under its partial name (its run was killed just before the rename)
     renamed_only: bool = False
-    committed: int = 0  # the rows the partial file held when planned (resume_from <= it)
     device: torch.device | None = None
     model: nn.Module | None = None
+    family: Family | None = None  # what the model needs (probe.families)
     dataset: Dataset | None = None
-    feed: Any = None  # how the dataset's items reach the model (probe.feed)
-    batching: Batching | None = None  # how the samples are cut into batches
-    # the samples this job takes, in order: dataset indices, or the part of a stream
-    indices: list[int] | StreamSlice = field(default_factory=list)
+    feed: Feed | None = None  # how the dataset's items reach the model (probe.feeds)
+    batching: Batching | None = None
+    selection: Selection = field(default_factory=list)  # the samples this job takes, in order
     has_target: bool = False
     objective: Objective | None = None
     capture: Capture | None = None
     datasets: dict[str, DatasetSpec] = field(default_factory=dict)
     attrs: dict = field(default_factory=dict)
-    num_tokens: int | None = None  # token rows in all, for a run with rows per token
+    num_positions: int | None = None  # rows per position in all, where the run stores those
     row_bytes: int = 0  # bytes per sample, of the datasets with one row per sample
     dry_run_seconds: float = 0.0
+
+    @property
+    def path(self):
+        return self.settings.output.path
 
     @property
     def done(self) -> bool:
@@ -88,8 +94,15 @@ class Plan:
 
     @property
     def num_rows(self) -> int | None:
-        """The samples this job stores (None for a stream, unknown before it ends)."""
-        return None if isinstance(self.indices, StreamSlice) else len(self.indices)
+        """The rows this job stores (None where that is not known before it ends: an open
+        selection, or samples that may be left out)."""
+        if isinstance(self.selection, OpenSelection) or self.settings.skip_bad:
+            return None
+        return len(self.selection)
+
+    @property
+    def per_position(self) -> bool:
+        return any(spec.per_position for spec in self.datasets.values())
 
 
 def plan(cfg: DictConfig, *, model: nn.Module | None = None,
@@ -101,16 +114,12 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
         ProbeError: a config value, file, model, dataset or device that cannot work. Nothing
             has been written then.
     """
-    # 1. the config and the output path: the cheap refusals first
-    _check_config(cfg)
-    hooks = parse_hooks(cfg.hooks)
-    path = output_path(cfg)
-    locking = file_locking(cfg.output.file_locking)
-    device = resolve_device(cfg.device)
-    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-    check_writable(path.parent)
-    with WriterLock(path, locking):  # refuse now, not after the set-up, if another run writes
-        found = existing_run(path, config_yaml, locking, overwrite=bool(cfg.output.overwrite))
+    # 1. the settings and the output path: the cheap refusals first
+    settings = read_settings(cfg)
+    out = settings.output
+    check_writable(out.path.parent)
+    with WriterLock(out.path, out.locking):  # refuse now, not after the set-up, if another writes
+        found = existing_run(out.path, settings.config_yaml, out.locking, overwrite=out.overwrite)
 
     # 2. the model and the data, and whether they are what the file there was made from
     model = build_model(cfg) if model is None else model
@@ -120,118 +129,161 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     if found is not None:
         _require_same_inputs(found, fingerprints)
         if found.complete:
-            if found.path != path:
+            renamed = found.path != out.path
+            if renamed:
                 log.info("%s is complete but was stopped before its rename; renaming it to %s",
-                         found.path, path.name)
+                         found.path, out.path.name)
             else:
-                log.info("%s is already complete for this config; nothing to do", path)
-            return Plan(cfg, path, config_yaml, locking, resume_from=None,
-                        renamed_only=found.path != path)
-    resume_from = 0 if found is None else found.num_committed
+                log.info("%s is already complete for this config; nothing to do", out.path)
+            return Plan(settings, resume_from=None, renamed_only=renamed)
 
-    # 3. what to compute: the samples, the objective, the hooks, and a dry run that finds the
-    # shape of every dataset
-    model, device = _placed(model.eval(), device, cfg.device)
-    feed = feed_for(dataset)
-    batching = _batching(cfg, feed, device)
-    # a window's batches are made from its start: resume there, and they are the same batches
-    resume_from -= resume_from % batching.window
+    # 3. what to compute: the family and the feed, the samples, the objective, the hooks, and a
+    # dry run that finds how every key is stored
+    family, feed = family_for(cfg.model, model), feed_for(dataset)
+    family.check_data(model, feed)
+    model, device = family.place(model.eval(), settings.device, settings.asked_device)
+    batching = _batching(settings, feed, device)
+    selection = _selection(settings, dataset)
+    resume = (0, 0, 0) if found is None else _resume_point(found, selection, batching)
     if found is not None:
-        log.info("resuming %s after %d committed rows", found.path, resume_from)
-    indices = _selection(cfg, dataset)
+        log.info("resuming %s after %d committed rows", found.path, resume[1])
     with_target = feed.has_targets(dataset)
-    objective, objective_name = feed.objective(cfg.objective, model)
-    needs_grad = any(h.needs_grad for h in hooks)
-    if needs_grad and objective_name == "target" and not with_target:
+    objective, objective_name = (make_objective(settings.objective, family, model)
+                                 if settings.needs_grad else (None, None))
+    if objective_name == "target" and not with_target:
         raise ConfigError(
             "objective=target but the dataset has no targets; use objective=top1, or a dataset "
             "with targets (items (input, target); for text, dataset.label_column)"
         )
-    capture = Capture(model, cfg.layers, hooks, reduce=cfg.reduce,
-                      reduce_by_layer=cfg.reduce_by_layer,
-                      dtype=TORCH_DTYPES[option_name(cfg.output.dtype)],
-                      stop_early=bool(cfg.stop_early), tokens=option_name(cfg.tokens))
+    capture = Capture(model, settings.layers, settings.hooks, reduce=settings.reduce,
+                      reduce_by_layer=settings.reduce_by_layer, dtype=settings.output.dtype,
+                      stop_early=settings.stop_early)
     started = time.perf_counter()
-    first = indices.shard_index if isinstance(indices, StreamSlice) else indices[0]
-    datasets = dry_run(capture, feed, feed.dry_batches(dataset, first), device,
-                       objective if needs_grad else None)
+    first = selection.shard_index if isinstance(selection, OpenSelection) else selection[0]
+    shown = dry_run(capture, family, feed, feed.dry_batches(dataset, first), device, objective)
     dry_run_seconds = time.perf_counter() - started
+    capture.transforms = transforms_for(shown.shapes, shown.layouts, capture.reduces,
+                                        tokens=settings.tokens, dtype=settings.output.dtype,
+                                        positions=feed.positions, axis=shown.axis)
     capture.arm()  # the dry run counted every hooked module's runs
-    tokens = feed.stored_tokens(dataset, indices) if feed.token_rows else None
-    if feed.token_rows:
-        datasets.update(feed.token_datasets(dataset))
+    datasets = _specs(capture, shown)
+    if any(spec.per_position for spec in datasets.values()) or feed.positions:
+        datasets.update(feed.bookkeeping(dataset))
+    else:
+        datasets.update({k: s for k, s in feed.bookkeeping(dataset).items() if not s.per_position})
+    if settings.skip_bad:
+        datasets[SKIPPED] = DatasetSpec((), "int64", {Attr.DIMS: ["skipped"]},
+                                        compressible=False)
+    positions = (feed.stored_positions(dataset, selection)
+                 if any(spec.per_position for spec in datasets.values()) else None)
 
     # 4. what it takes: said in the log, and checked against the free disk space
-    sample_bytes = 16 + sum(s.row_bytes for s in datasets.values() if not s.per_token)
-    token_bytes = sum(s.row_bytes for s in datasets.values() if s.per_token)
-    _log_plan(cfg, capture, device, indices, tokens, sample_bytes, token_bytes, path)
-    if isinstance(indices, StreamSlice):
-        log.info("a stream's size is not known before it is read: free space is not checked")
-    elif cfg.output.check_free_space:
-        left = 0 if tokens is None else int(tokens[resume_from:].sum())
-        check_free_space(path.parent,
-                         sample_bytes * (len(indices) - resume_from) + token_bytes * left)
-    attrs = {**_root_attrs(cfg, capture, objective_name), **feed.attrs(dataset),
-             **{key: dumps(value) for key, value in fingerprints.items()}}
-    return Plan(cfg, path, config_yaml, locking, resume_from, device=device, model=model,
-                committed=0 if found is None else found.num_committed, dataset=dataset,
-                feed=feed, batching=batching, indices=indices,
-                has_target=with_target,
-                objective=objective, capture=capture, datasets=datasets, attrs=attrs,
-                num_tokens=None if tokens is None else int(tokens.sum()),
+    sample_bytes = 16 + sum(s.row_bytes for s in datasets.values() if not s.per_position)
+    position_bytes = sum(s.row_bytes for s in datasets.values() if s.per_position)
+    _log_plan(settings, capture, device, selection, positions, sample_bytes, position_bytes)
+    if isinstance(selection, OpenSelection):
+        log.info("the number of samples is not known before they are read: free space is not "
+                 "checked")
+    elif out.check_free_space:
+        left = 0 if positions is None else int(positions[resume[0]:].sum())
+        check_free_space(out.path.parent,
+                         sample_bytes * (len(selection) - resume[0]) + position_bytes * left)
+    attrs = {**_root_attrs(settings, capture, objective_name), **feed.attrs(dataset),
+             **library_versions(), **{key: dumps(value) for key, value in fingerprints.items()}}
+    return Plan(settings, resume[0], resume_rows=resume[1], resume_skipped=resume[2],
+                committed=0 if found is None else found.num_committed, device=device,
+                model=model, family=family, dataset=dataset, feed=feed, batching=batching,
+                selection=selection, has_target=with_target, objective=objective,
+                capture=capture, datasets=datasets, attrs=attrs,
+                num_positions=None if positions is None else int(positions.sum()),
                 row_bytes=sample_bytes, dry_run_seconds=dry_run_seconds)
 
 
-def _selection(cfg: DictConfig, dataset) -> list[int] | StreamSlice:
+def _specs(capture: Capture, shown: DryRun) -> dict[str, DatasetSpec]:
+    """What the store creates for each key: its transform's rows, type and attrs."""
+    specs = {}
+    for key in capture.keys:
+        transform = capture.transforms[key]
+        attrs = {**capture.attrs(key), Attr.DIMS: list(transform.dims)}
+        specs[key] = DatasetSpec(transform.row_shape, str(capture.dtype).removeprefix("torch."),
+                                 attrs, per_position=transform.per_position)
+    if not shown.layouts and capture.transforms and _asked_tokens(capture):
+        log.warning("tokens= has no effect here: no stored output of this model has a token "
+                    "axis")
+    return specs
+
+
+def _asked_tokens(capture: Capture) -> bool:
+    return any(t.tokens is not None for t in capture.transforms.values())
+
+
+def _selection(settings: Settings, dataset) -> Selection:
     """The samples this job takes: by ``limit``, ``subset`` and ``shard``."""
-    if not getattr(dataset, "streaming", False):
-        return select_indices(len(dataset), cfg.limit, cfg.shard.index, cfg.shard.count,
-                              subset=option_name(cfg.subset), seed=int(cfg.seed))
-    if option_name(cfg.subset) == "random":
-        raise ConfigError("subset=random picks samples from the whole dataset, which a stream "
-                          "cannot; use subset=first, or dataset.streaming=false")
-    check_selection(cfg.limit, int(cfg.shard.index), int(cfg.shard.count))
-    return StreamSlice(None if cfg.limit is None else int(cfg.limit), int(cfg.shard.index),
-                       int(cfg.shard.count))
+    try:
+        size = len(dataset)
+    except TypeError:  # read as it comes: its length is not known before its end
+        size = None
+    if size is not None:
+        return select_indices(size, settings.limit, settings.shard_index, settings.shard_count,
+                              subset=settings.subset, seed=settings.seed)
+    if settings.subset == "random":
+        raise ConfigError("subset=random picks samples from the whole dataset, which one read "
+                          "as it comes cannot; use subset=first, or dataset.streaming=false")
+    if settings.skip_bad:
+        raise ConfigError("dataset.on_error=skip is not supported for a dataset read as it "
+                          "comes; use dataset.streaming=false, or fix the samples")
+    check_selection(settings.limit, settings.shard_index, settings.shard_count)
+    return OpenSelection(settings.limit, settings.shard_index, settings.shard_count)
 
 
-def _placed(model: nn.Module, device: torch.device, asked: str) -> tuple[nn.Module, torch.device]:
-    """The model on ``device``; or, spread over devices by a device map (transformers'
-    device_map=auto), as it is, with the inputs going where its input embeddings live."""
-    if not getattr(model, "hf_device_map", None):
-        return model.to(device), device
-    if str(asked) != "auto":
-        raise ConfigError(f"device={asked} but model.device_map already places the model; "
-                          "leave device=auto")
-    return model, model.get_input_embeddings().weight.device
+def _resume_point(found: FileState, selection: Selection,
+                  batching: Batching) -> tuple[int, int, int]:
+    """Where a run resumes: (samples of the selection done, rows kept, samples left out kept).
+    The committed rows and left-out samples cover the selection's first samples. A group's
+    batches are made from its start: a run resumes there, so that they are the same batches."""
+    rows, skipped = found.num_committed, int(found.attrs.get(Attr.NUM_SKIPPED, 0))
+    done = rows + skipped
+    start = done - done % batching.group
+    if start == done:
+        return done, rows, skipped
+    if not skipped:
+        return start, start, 0
+    # rows and left-out samples interleave: keep those before the group's first sample
+    with open_for_reading(found.path) as f:
+        index, left_out = f[INDEX][:rows], f[SKIPPED][:skipped]
+    boundary = selection[start]
+    return (start, int(np.searchsorted(index, boundary)),
+            int(np.searchsorted(left_out, boundary)))
 
 
-def _batching(cfg: DictConfig, feed, device: torch.device) -> Batching:
-    if cfg.batch_tokens is not None and int(cfg.batch_tokens) < 1:
-        raise ConfigError(f"batch_tokens={cfg.batch_tokens} must be at least 1, or null")
-    if cfg.batch_tokens is not None and not feed.token_rows:
-        raise ConfigError("batch_tokens is a budget of tokens per batch, for language models "
+def _batching(settings: Settings, feed: Feed, device: torch.device) -> Batching:
+    if settings.batch_tokens is not None and not feed.positions:
+        raise ConfigError("batch_tokens is a budget of tokens per batch, for sequences "
                           "(dataset=text); use batch_size for this dataset")
-    return Batching(int(cfg.batch_size),
-                    None if cfg.batch_tokens is None else int(cfg.batch_tokens),
-                    bucket=bool(cfg.bucket_by_length) and feed.token_rows,
-                    num_workers=int(cfg.num_workers), pin_memory=device.type == "cuda")
+    return Batching(settings.batch_size, settings.batch_tokens,
+                    bucket=settings.bucket_by_length and feed.positions,
+                    num_workers=settings.num_workers, pin_memory=device.type == "cuda",
+                    skip_bad=settings.skip_bad)
 
 
-def _log_plan(cfg: DictConfig, capture: Capture, device: torch.device, indices: list[int],
-              tokens, sample_bytes: int, token_bytes: int, path: Path) -> None:
-    for pattern in map(str, cfg.layers):
+def _log_plan(settings: Settings, capture: Capture, device: torch.device, selection: Selection,
+              positions, sample_bytes: int, position_bytes: int) -> None:
+    for pattern in settings.layers:
         if is_glob(pattern):
             log.info("layers: %s matches %s", pattern,
                      ", ".join(match_layers(capture.layers, pattern)))
-    if isinstance(indices, StreamSlice):
-        size = f"a stream of samples, {human_bytes(token_bytes)} a token"
-    elif tokens is None:
-        size = f"{len(indices)} samples of {human_bytes(sample_bytes)}"
+    if isinstance(selection, OpenSelection):
+        size = f"samples as they come, {human_bytes(position_bytes)} a position"
+    elif positions is None:
+        size = f"{len(selection)} samples of {human_bytes(sample_bytes)}"
     else:
-        size = f"{len(indices)} samples, {int(tokens.sum())} tokens of {human_bytes(token_bytes)}"
+        size = (f"{len(selection)} samples, {int(positions.sum())} positions of "
+                f"{human_bytes(position_bytes)}")
     log.info("model %s on %s; %d layers x %s; %s -> %s", type(capture.model).__name__, device,
-             len(capture.layers), [h.name for h in capture.hooks], size, path)
+             len(capture.layers), [h.name for h in capture.hooks], size, settings.output.path)
+    if settings.output.compression == "lzf":
+        log.info("output.compression=lzf: only h5py reads lzf; the HDF5 C tools, MATLAB, Julia "
+                 "and R show its datasets as empty. Use gzip for files that leave Python")
 
 
 def _require_same_inputs(found: FileState, fingerprints: dict) -> None:
@@ -252,26 +304,11 @@ def _require_same_inputs(found: FileState, fingerprints: dict) -> None:
             )
 
 
-def _check_config(cfg: DictConfig) -> None:
-    check_known_keys(cfg)
-    if int(cfg.batch_size) < 1:
-        raise ConfigError(f"batch_size={cfg.batch_size} must be at least 1")
-    if int(cfg.num_workers) < 0:
-        raise ConfigError(f"num_workers={cfg.num_workers} must be 0 or more")
-    if int(cfg.output.commit_every) < 1:
-        raise ConfigError(f"output.commit_every={cfg.output.commit_every} must be at least 1 "
-                          "(batches between commits)")
-    if not float(cfg.output.commit_seconds) > 0:
-        raise ConfigError(f"output.commit_seconds={cfg.output.commit_seconds} must be more "
-                          "than 0 (seconds between commits)")
-    filter_options(option_name(cfg.output.compression), cfg.output.compression_level)
-
-
-def _root_attrs(cfg: DictConfig, capture: Capture, objective_name: str) -> dict:
+def _root_attrs(settings: Settings, capture: Capture, objective_name: str | None) -> dict:
     attrs = {Attr.LAYERS: list(capture.layers), Attr.HOOKS: [h.name for h in capture.hooks],
-             Attr.SHARD_INDEX: int(cfg.shard.index), Attr.SHARD_COUNT: int(cfg.shard.count)}
-    if capture.needs_grad:
+             Attr.SHARD_INDEX: settings.shard_index, Attr.SHARD_COUNT: settings.shard_count}
+    if objective_name is not None:
         attrs[Attr.OBJECTIVE] = objective_name
-    if capture.token_keys:
-        attrs[Attr.TOKENS] = capture.tokens.name
+    if _asked_tokens(capture):
+        attrs[Attr.TOKENS] = settings.tokens.name
     return attrs

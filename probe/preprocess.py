@@ -1,45 +1,13 @@
-"""Each model's own evaluation preprocessing, for ``dataset.transform=auto``.
+"""What a transform does, in words, for the file's ``transform`` attr: ``describe_transform``.
 
-``model_transform(model_cfg)`` finds it from the model's config alone, without building the
-model: the torchvision weights' ``transforms()`` when named weights are used, timm's
-``resolve_data_config`` + ``create_transform`` for a timm model, and None otherwise (the
-dataset's own default, the ImageNet transform). ``describe_transform`` says what a transform
-does, for the file's attrs.
+Each model family knows its own evaluation preprocessing (``Family.transform``: torchvision
+weights' ``transforms()``, timm's ``resolve_data_config`` + ``create_transform``); this module
+only describes whatever transform a dataset ends up with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from omegaconf import DictConfig
-
-__all__ = ["model_transform", "describe_transform"]
-
-_TORCHVISION = "probe.models.torchvision_model"
-_TIMM = "probe.timm_models.timm_model"
-
-
-def model_transform(model_cfg: DictConfig) -> Callable | None:
-    """The evaluation transform that the config's model was trained with, or None."""
-    target = str(model_cfg.get("_target_", ""))
-    if target == _TORCHVISION:
-        from probe.models import _looks_like_path, _weights_enum
-
-        weights = model_cfg.get("weights")
-        if weights is None or _looks_like_path(str(weights)):
-            return None
-        import torchvision.models as tvm
-
-        return _weights_enum(tvm, str(model_cfg.name), str(weights)).transforms()
-    if target == _TIMM:
-        from probe.timm_models import _timm
-
-        timm = _timm()
-        pretrained = timm.models.get_pretrained_cfg(str(model_cfg.name))
-        config = timm.data.resolve_data_config(
-            {}, pretrained_cfg=pretrained.to_dict() if pretrained is not None else None)
-        return timm.data.create_transform(**config)
-    return None
+__all__ = ["describe_transform"]
 
 
 def describe_transform(transform) -> dict:

@@ -21,8 +21,8 @@ from probe.format import (
     HOOK_OF_KIND,
     INDEX,
     OFFSETS,
+    ROWS_PER_POSITION,
     TARGET,
-    TOKEN_ROWS,
     Attr,
     dataset_key,
     dataset_names,
@@ -225,7 +225,7 @@ class FeatureFile(Mapping):
 
     def per_token(self, key: str) -> bool:
         """Whether ``key`` holds one row per stored token (else one per sample)."""
-        return self[key].attrs.get(Attr.ROWS) == TOKEN_ROWS
+        return self[key].attrs.get(Attr.ROWS) == ROWS_PER_POSITION
 
     @property
     def offsets(self) -> np.ndarray | None:

@@ -1,4 +1,5 @@
-"""Reduces: how a captured (N, C, ...) tensor is shrunk before it is stored, layer by layer.
+"""Each layer's reduce, from the config: how a captured (N, C, ...) tensor is shrunk before it
+is stored (probe.keys applies it).
 
     reduce=mean | max       over the axes after the channel axis (a conv map's space)
     reduce=flatten          to (N, -1)
@@ -9,13 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-import torch
-
-from probe.config import Reduce, member
 from probe.errors import ConfigError
+from probe.format import Reduce, member
 from probe.layers import match_layers
 
-__all__ = ["resolve_reduces", "reduce_tensor"]
+__all__ = ["resolve_reduces"]
 
 
 def resolve_reduces(layers: Iterable[str], reduce: str | Reduce,
@@ -68,15 +67,3 @@ def _parse_reduce(value: str | Reduce, what: str) -> Reduce:
             "'reduce_by_layer={layer4.1:none}'"
         )
     return member(Reduce, value, f"{what}={value!r}")
-
-
-def reduce_tensor(tensor: torch.Tensor, how: Reduce) -> torch.Tensor:
-    """Reduce a (N, C, ...) tensor over its axes after C (mean, max) or flatten it to (N, -1)."""
-    if how is Reduce.none:
-        return tensor
-    if how is Reduce.flatten:
-        return tensor.flatten(1)
-    if tensor.dim() <= 2:
-        return tensor
-    axes = tuple(range(2, tensor.dim()))
-    return tensor.mean(axes) if how is Reduce.mean else tensor.amax(axes)

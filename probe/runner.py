@@ -22,7 +22,6 @@ from omegaconf import DictConfig
 from torch import nn
 from tqdm import tqdm
 
-from probe.config import option_name
 from probe.errors import OutputError, RunStopped
 from probe.format import partial_path
 from probe.hooks import StopForward
@@ -72,13 +71,14 @@ def execute(plan: Plan, *, stop: StopRequest | None = None) -> Path:
         RunStopped: SIGINT, SIGTERM or ``stop`` ended the run at a batch boundary; the rows
             written so far are committed.
     """
+    locking = plan.settings.output.locking
     if plan.done:
         if plan.renamed_only:
-            with WriterLock(plan.path, plan.locking):
+            with WriterLock(plan.path, locking):
                 recover(partial_path(plan.path))  # its writer was killed with it open
                 os.replace(partial_path(plan.path), plan.path)
         return plan.path
-    with WriterLock(plan.path, plan.locking):
+    with WriterLock(plan.path, locking):
         if not _still_as_planned(plan):
             return plan.path
         return _write(plan, stop if stop is not None else StopRequest())
@@ -87,11 +87,12 @@ def execute(plan: Plan, *, stop: StopRequest | None = None) -> Path:
 def _still_as_planned(plan: Plan) -> bool:
     """Whether the output is as the plan found it, now that this process holds the lock (a run
     that finished meanwhile makes this one unnecessary; one that wrote rows, wrong)."""
-    if plan.cfg.output.overwrite:
-        existing_run(plan.path, plan.config_yaml, plan.locking, overwrite=True)  # still probe's
+    out = plan.settings.output
+    if out.overwrite:
+        existing_run(plan.path, plan.settings.config_yaml, out.locking, overwrite=True)
         partial_path(plan.path).unlink(missing_ok=True)
         return True
-    found = existing_run(plan.path, plan.config_yaml, plan.locking)
+    found = existing_run(plan.path, plan.settings.config_yaml, out.locking)
     if found is not None and found.complete:
         log.info("%s was completed by another run meanwhile; nothing to do", plan.path)
         return False
@@ -102,21 +103,18 @@ def _still_as_planned(plan: Plan) -> bool:
 
 
 def _write(plan: Plan, stop: StopRequest) -> Path:
-    cfg, capture = plan.cfg, plan.capture
+    out, capture = plan.settings.output, plan.capture
     started = time.perf_counter()
-    loader = plan.feed.loader(plan.dataset, plan.indices[plan.resume_from:], plan.batching)
+    loader = plan.feed.loader(plan.dataset, plan.selection[plan.resume_from:], plan.batching)
     store = None
     try:
-        store = Store(plan.path, config_yaml=plan.config_yaml, num_rows=plan.num_rows,
+        store = Store(plan.path, config_yaml=plan.settings.config_yaml, num_rows=plan.num_rows,
                       datasets=plan.datasets, has_target=plan.has_target,
-                      token_rows=plan.feed.token_rows, num_tokens=plan.num_tokens,
-                      resume_from=plan.resume_from,
-                      compression=option_name(cfg.output.compression),
-                      compression_level=cfg.output.compression_level, attrs=plan.attrs,
-                      locking=plan.locking)
-        with store, BackgroundWriter(store, commit_every_batches=int(cfg.output.commit_every),
-                                     commit_every_seconds=float(cfg.output.commit_seconds)
-                                     ) as writer:
+                      per_position=plan.per_position, num_positions=plan.num_positions,
+                      resume_from=plan.resume_rows, resume_skipped=plan.resume_skipped,
+                      filters=out.filters, attrs=plan.attrs, locking=out.locking)
+        with store, BackgroundWriter(store, commit_every_batches=out.commit_every,
+                                     commit_every_seconds=out.commit_seconds) as writer:
             with capture, _frozen_parameters(plan.model, capture.needs_grad), \
                     _stop_signals(stop):
                 units = _loop(plan, loader, writer, stop)
@@ -138,7 +136,7 @@ def _write(plan: Plan, stop: StopRequest) -> Path:
         raise _disk_full_error(plan, store) from None
     seconds = time.perf_counter() - started
     log.info("wrote %d rows (%s) in %.1f s: %.3g %s/s, %s/s, to %s",
-             store.num_written - plan.resume_from, human_bytes(store.bytes_written), seconds,
+             store.num_written - plan.resume_rows, human_bytes(store.bytes_written), seconds,
              units / seconds, plan.feed.unit, human_bytes(store.bytes_written / seconds),
              plan.path)
     return plan.path
@@ -158,7 +156,7 @@ def _disk_full(err: BaseException | None) -> bool:
 def _disk_full_error(plan: Plan, store: Store | None) -> OutputError:
     free = human_bytes(shutil.disk_usage(plan.path.parent).free)
     wrote = "" if store is None else f" after writing {human_bytes(store.bytes_written)}"
-    saved = plan.committed if store is None else store.num_committed
+    saved = plan.resume_rows if store is None else store.num_committed
     of = "" if plan.num_rows is None else f" of {plan.num_rows}"
     kept = (f"{saved}{of} rows are saved in {partial_path(plan.path).name}; free space, then run "
             "the same command again to continue" if saved else
@@ -170,35 +168,48 @@ def _disk_full_error(plan: Plan, store: Store | None) -> OutputError:
 def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> int:
     """The main loop: one forward (and backward) per batch, captures handed to the writer.
     Returns the units of progress (samples, or tokens) it computed."""
-    model, capture, feed = plan.model, plan.capture, plan.feed
-    total = feed.units(plan.dataset, plan.indices)  # None for a stream: not known
-    done = 0 if total is None else feed.units(plan.dataset, plan.indices[:plan.resume_from])
+    model, capture, family, feed = plan.model, plan.capture, plan.family, plan.feed
+    total = feed.units(plan.dataset, plan.selection)  # None where not known before the end
+    done = (0 if total is None else
+            feed.units(plan.dataset, plan.selection[:plan.resume_from]))
     units = 0
     with tqdm(total=total, initial=done, unit=feed.unit, unit_scale=True, dynamic_ncols=True,
               mininterval=1.0, desc="probe") as bar:
         for batch in loader:
-            on_device = batch.to(plan.device)
-            capture.keep = on_device.keep
-            if capture.needs_grad:
-                # parameters are frozen: the graph starts at the hooked modules (or at the
-                # input, when gradients at a module's input are asked for)
-                with torch.enable_grad():
-                    output = feed.forward(model, on_device, input_grad=capture.wants_input_grad)
-                    capture.backward(plan.objective(output, on_device).sum())
-            else:
-                # StopForward: every hooked module has run, the rest of the model is not needed
-                with torch.inference_mode(), suppress(StopForward):
-                    feed.forward(model, on_device)
-            writer.put(batch.index, batch.target, {**capture.take(), **batch.token_rows},
-                       ready=capture.copied, lengths=batch.lengths,
-                       window_end=batch.window_end)
-            units += feed.count(batch)
-            bar.update(feed.count(batch))
+            values, lengths = {}, None
+            if len(batch):  # every sample of it may have been left out (dataset.on_error=skip)
+                layout = family.token_layout(model, batch)
+                on_device = batch.to(plan.device)
+                capture.keep = None if layout is None or layout.keep is None else \
+                    layout.keep.to(plan.device, non_blocking=True)
+                _compute(plan, on_device)
+                values = {**capture.take(), **batch.position_rows, **batch.sample_rows}
+                lengths = None if layout is None or layout.keep is None else \
+                    layout.keep.sum(1)
+            writer.put(batch.index, batch.target, values, ready=capture.copied,
+                       lengths=lengths, ends_group=batch.ends_group, skipped=batch.skipped)
+            units += feed.count(batch) if len(batch) else 0
+            bar.update(feed.count(batch) if len(batch) else 0)
             bar.set_postfix_str(f"{human_bytes(writer.store.bytes_written)} written",
                                 refresh=False)
             if stop:
                 raise _Stopped
     return units
+
+
+def _compute(plan: Plan, batch) -> None:
+    """One forward pass (and the backward pass of a gradient run) on a batch on the device."""
+    model, capture, family = plan.model, plan.capture, plan.family
+    if capture.needs_grad:
+        # parameters are frozen: the graph starts at the hooked modules (or at the input,
+        # when gradients at a module's input are asked for)
+        with torch.enable_grad():
+            output = family.forward(model, batch, input_grad=capture.wants_input_grad)
+            capture.backward(plan.objective(output, batch).sum())
+    else:
+        # StopForward: every hooked module has run, the rest of the model is not needed
+        with torch.inference_mode(), suppress(StopForward):
+            family.forward(model, batch)
 
 
 class _Stopped(Exception):

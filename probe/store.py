@@ -6,8 +6,9 @@ attr is updated and the file flushed); a later run with the same config resumes 
 datasets are created when the store opens, from the shapes the run's dry run found; names and
 attrs follow probe.format.
 
-Text runs also store rows per token: the store then keeps ``offsets`` (sample i's token rows are
-``offsets[i]:offsets[i+1]``), and a sample counts as committed once all its token rows are.
+A run may also store rows per position (a sample's tokens): the store then keeps ``offsets``
+(sample i's rows are ``offsets[i]:offsets[i+1]``), and a sample counts as committed once all
+its rows are.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ import datetime as _dt
 import logging
 import math
 import os
-import sys
 from collections.abc import Mapping
-from importlib import metadata
 from pathlib import Path
 
 import h5py
@@ -29,8 +28,9 @@ from probe.errors import ConfigError
 from probe.format import (
     INDEX,
     OFFSETS,
+    ROWS_PER_POSITION,
+    SKIPPED,
     TARGET,
-    TOKEN_ROWS,
     Attr,
     DatasetSpec,
     creating_path,
@@ -38,6 +38,7 @@ from probe.format import (
     partial_path,
 )
 from probe.partial import LIBVER, open_for_writing
+from probe.version import __version__
 
 __all__ = ["Store", "chunk_shape", "filter_options", "as_array"]
 
@@ -120,16 +121,18 @@ class Store:
 
     def __init__(self, path: Path, *, config_yaml: str, num_rows: int | None,
                  datasets: Mapping[str, DatasetSpec], has_target: bool = True,
-                 token_rows: bool = False, num_tokens: int | None = None, resume_from: int = 0,
-                 compression: str = "none", compression_level: int | None = None,
-                 attrs: Mapping | None = None, locking: bool | str | None = None):
-        # num_rows and num_tokens are None where the run cannot know them before it ends (a
-        # streamed corpus): num_samples is then -1 until finish()
-        self.path, self.num_rows, self.num_tokens = Path(path), num_rows, num_tokens
-        self.token_rows = token_rows
-        self.filter = filter_options(compression, compression_level)
+                 per_position: bool = False, num_positions: int | None = None,
+                 resume_from: int = 0, resume_skipped: int = 0,
+                 filters: Mapping | None = None, attrs: Mapping | None = None,
+                 locking: bool | str | None = None):
+        # num_rows and num_positions are None where the run cannot know them before it ends (a
+        # dataset read as it comes): num_samples is then -1 until finish()
+        self.path, self.num_rows, self.num_positions = Path(path), num_rows, num_positions
+        self.per_position = per_position
+        # HDF5 filter options (filter_options), applied to the layers' datasets
+        self.filter = dict(filters or {})
         self.partial = partial_path(self.path)
-        self.created = resume_from == 0
+        self.created = resume_from == resume_skipped == 0
         # Compressed chunks go through HDF5's chunk cache to be compressed (whole: see
         # _write_rows). Uncompressed chunks skip it (HDF5 writes a chunk larger than the cache
         # straight from the array), which saves a copy of every byte.
@@ -141,16 +144,17 @@ class Store:
         self._file = open_for_writing(self.partial, locking, **cache)
         self.num_committed = self.num_written = resume_from
         self.bytes_written = 0  # by this store, for the progress bar
-        # with token rows: the offsets of the samples written so far (num_written + 1 of them),
-        # in a buffer that doubles when full: a copy per batch would cost the square of a run
+        # with rows per position: the offsets of the samples written so far (num_written + 1 of
+        # them), in a buffer that doubles when full: a copy per batch would cost the square of
+        # a run
         self._offset_buffer, self._offset_count = np.zeros(1024, dtype=np.int64), 1
         # compressed dataset -> (first row, rows) waiting for their chunk to fill
         self._pending: dict[str, tuple[int, np.ndarray]] = {}
         try:
             if not self.created:
-                self._truncate(resume_from)
-            self._per_token = {key for key in dataset_names(self._file)
-                               if self._file[key].attrs.get(Attr.ROWS) == TOKEN_ROWS}
+                self._truncate(resume_from, resume_skipped)
+            self._per_position = {key for key in dataset_names(self._file)
+                                  if self._file[key].attrs.get(Attr.ROWS) == ROWS_PER_POSITION}
         except BaseException:
             self.close()
             raise
@@ -181,49 +185,49 @@ class Store:
 
     def _start(self, f: h5py.File, config_yaml: str, has_target: bool,
                datasets: Mapping[str, DatasetSpec], attrs: Mapping) -> None:
-        from probe import __version__
-
         fixed = {
             Attr.CONFIG: config_yaml,
             "probe_version": __version__,
             "torch_version": torch.__version__,
             "h5py_version": h5py.__version__,
-            **_library_versions(),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             Attr.COMPLETE: False,
             Attr.NUM_SAMPLES: -1 if self.num_rows is None else self.num_rows,
             Attr.NUM_COMMITTED: 0,
+            **({Attr.NUM_SKIPPED: 0} if SKIPPED in datasets else {}),
         }
         for key, value in {**fixed, **attrs}.items():
             f.attrs[key] = attr_value(value)
-        bookkeeping = {INDEX: DatasetSpec((), "int64", compressible=False)}
+        per_sample = {Attr.DIMS: ["sample"]}
+        bookkeeping = {INDEX: DatasetSpec((), "int64", per_sample, compressible=False)}
         if has_target:
-            bookkeeping[TARGET] = DatasetSpec((), "int64", compressible=False)
+            bookkeeping[TARGET] = DatasetSpec((), "int64", per_sample, compressible=False)
         for name, spec in {**bookkeeping, **datasets}.items():
             self._create_dataset(f, name, spec)
-        if self.token_rows:
-            offsets = self._create_dataset(f, OFFSETS, DatasetSpec((), "int64",
-                                                                   compressible=False))
+        if self.per_position:
+            # N + 1 boundaries: sample i's rows lie between the i-th and the next
+            offsets = self._create_dataset(f, OFFSETS, DatasetSpec(
+                (), "int64", {Attr.DIMS: ["boundary"]}, compressible=False))
             _append_rows(offsets, 0, 1, np.zeros(1, dtype=np.int64))
 
     def _create_dataset(self, f: h5py.File, name: str, spec: DatasetSpec) -> h5py.Dataset:
         dtype = np.dtype(spec.stored_dtype)
         options = self.filter if spec.compressible else {}
-        if not options:
+        if not options and dtype.kind != "O":  # HDF5 fills text (variable length) as it must
             # without a fill value to write first, HDF5 may write a new chunk directly (no cache);
             # every row is written before it is read, so the fill value would never be seen
             options = {"fill_time": "never"}
-        rows = (self.num_tokens if spec.per_token else self.num_rows) or _UNKNOWN_ROWS
+        rows = (self.num_positions if spec.per_position else self.num_rows) or _UNKNOWN_ROWS
         dataset = f.create_dataset(
             name, shape=(0, *spec.row_shape), maxshape=(None, *spec.row_shape), dtype=dtype,
             chunks=chunk_shape(spec.row_shape, dtype.itemsize, max(1, rows),
                                compressed="compression" in options), **options)
-        attrs = {**spec.attrs, **({Attr.ROWS: TOKEN_ROWS} if spec.per_token else {})}
+        attrs = {**spec.attrs, **({Attr.ROWS: ROWS_PER_POSITION} if spec.per_position else {})}
         for key, value in attrs.items():
             dataset.attrs[key] = attr_value(value)
         return dataset
 
-    def _truncate(self, rows: int) -> None:
+    def _truncate(self, rows: int, skipped: int) -> None:
         # rows past the last commit may be torn by the crash that ended the previous attempt
         if OFFSETS in self._file:
             self._offset_count = 0
@@ -232,9 +236,11 @@ class Store:
             dataset = self._file[name]
             if name == OFFSETS:
                 dataset.resize(rows + 1, axis=0)
+            elif name == SKIPPED:
+                dataset.resize(skipped, axis=0)
             else:
-                per_token = dataset.attrs.get(Attr.ROWS) == TOKEN_ROWS
-                dataset.resize(int(self._offsets[-1]) if per_token else rows, axis=0)
+                per_position = dataset.attrs.get(Attr.ROWS) == ROWS_PER_POSITION
+                dataset.resize(int(self._offsets[-1]) if per_position else rows, axis=0)
 
     @property
     def _offsets(self) -> np.ndarray:
@@ -250,29 +256,30 @@ class Store:
         self._offset_count = need
 
     @property
-    def tokens_written(self) -> int:
+    def positions_written(self) -> int:
         return int(self._offsets[-1])
 
     @property
-    def per_token_keys(self) -> set[str]:
-        """The datasets with one row per stored token."""
-        return set(self._per_token)
+    def per_position_keys(self) -> set[str]:
+        """The datasets with one row per stored position."""
+        return set(self._per_position)
 
     def append(self, index: torch.Tensor, target: torch.Tensor | None,
                values: Mapping[str, torch.Tensor | np.ndarray],
-               lengths: torch.Tensor | np.ndarray | None = None) -> None:
-        """Write one batch of rows after the ones already written; ``lengths`` (the token rows
-        of each sample) for a run with rows per token."""
+               lengths: torch.Tensor | np.ndarray | None = None, skipped=()) -> None:
+        """Write one batch of rows after the ones already written; ``lengths`` (the position
+        rows of each sample) for a run with rows per position; ``skipped``, the dataset indices
+        of samples left out of the batch (dataset.on_error=skip)."""
         start, stop = self.num_written, self.num_written + len(index)
         if self.num_rows is not None and stop > self.num_rows:
             raise ValueError(f"{stop} rows would exceed the run's {self.num_rows}")
-        token_start = self.tokens_written
-        if self.token_rows:
-            ends = token_start + np.cumsum(np.asarray(lengths, dtype=np.int64))
+        position_start = self.positions_written
+        if self.per_position:
+            ends = position_start + np.cumsum(np.asarray(lengths, dtype=np.int64))
             _append_rows(self._file[OFFSETS], start + 1, stop + 1, ends)
             self._extend_offsets(ends)
         for key, value in values.items():
-            first, total = ((token_start, self.num_tokens) if key in self._per_token
+            first, total = ((position_start, self.num_positions) if key in self._per_position
                             else (start, self.num_rows))
             array = as_array(value)
             self._write_rows(key, first, array, total)
@@ -280,6 +287,9 @@ class Store:
         _append_rows(self._file[INDEX], start, stop, np.asarray(index))
         if TARGET in self._file:
             _append_rows(self._file[TARGET], start, stop, np.asarray(target))
+        if len(skipped):
+            found = self._file[SKIPPED]
+            _append_rows(found, len(found), len(found) + len(skipped), np.asarray(skipped))
         self.num_written = stop
 
     def _write_rows(self, key: str, start: int, array: np.ndarray, total: int) -> None:
@@ -307,23 +317,36 @@ class Store:
         rows are in the file."""
         durable = self.num_written
         for key, (first, _) in self._pending.items():
-            if key in self._per_token:  # the samples whose token rows all lie before `first`
+            if key in self._per_position:  # the samples whose rows all lie before `first`
                 first = int(np.searchsorted(self._offsets, first, side="right")) - 1
             durable = min(durable, first)
-        # the rows and everything that leads to them first, then the count that vouches for
-        # them: a kill between the two flushes leaves the count of the commit before
+        skipped = self._skipped_before(durable)
+        # the rows and everything that leads to them first, then the counts that vouch for
+        # them: a kill between the two flushes leaves the counts of the commit before
         self._file.flush()
         self._file.attrs.modify(Attr.NUM_COMMITTED, durable)
+        if SKIPPED in self._file:
+            self._file.attrs.modify(Attr.NUM_SKIPPED, skipped)
         self._file.flush()
         self.num_committed = durable
+
+    def _skipped_before(self, durable: int) -> int:
+        # the samples left out that lie before the first row not yet durable: with the durable
+        # rows, they are the samples a resumed run has done
+        if SKIPPED not in self._file:
+            return 0
+        skipped = self._file[SKIPPED]
+        if durable == self.num_written:
+            return len(skipped)
+        return int(np.searchsorted(skipped[:], int(self._file[INDEX][durable])))
 
     def finish(self) -> Path:
         """Mark the file complete and move it to its final path."""
         if self.num_rows is not None and self.num_written != self.num_rows:
             raise RuntimeError(f"finish() after {self.num_written} of {self.num_rows} rows")
-        if self.num_tokens is not None and self.tokens_written != self.num_tokens:
-            raise RuntimeError(f"finish() after {self.tokens_written} of {self.num_tokens} "
-                               "token rows")
+        if self.num_positions is not None and self.positions_written != self.num_positions:
+            raise RuntimeError(f"finish() after {self.positions_written} of "
+                               f"{self.num_positions} position rows")
         for key, (first, waiting) in list(self._pending.items()):  # the last, short chunks
             _append_rows(self._file[key], first, first + len(waiting), waiting)
             del self._pending[key]
@@ -343,22 +366,6 @@ class Store:
             self._file.close()
             if self.created and self.num_committed == 0:
                 self.partial.unlink(missing_ok=True)
-
-
-# libraries whose version decides what a model computes, recorded where the run used them
-_MODEL_LIBRARIES = ("torchvision", "timm", "transformers", "open_clip_torch")
-
-
-def _library_versions() -> dict[str, str]:
-    found = {}
-    for name in _MODEL_LIBRARIES:
-        module = "open_clip" if name == "open_clip_torch" else name
-        if module in sys.modules:
-            try:
-                found[f"{module}_version"] = metadata.version(name)
-            except metadata.PackageNotFoundError:  # imported from a source tree
-                found[f"{module}_version"] = str(getattr(sys.modules[module], "__version__", ""))
-    return found
 
 
 def attr_value(value):

@@ -2,8 +2,8 @@
 
 The loop hands over each batch and goes on computing while the previous one is written, so a
 run takes about max(compute, write) rather than their sum; the queue bound keeps memory flat.
-Batches that end no window (a language model's length-bucketed batches, probe.text.batching)
-wait here until their window is complete, and its rows go to the store in dataset order.
+Batches that end no group (length-bucketed batches, probe.feeds.buckets) wait here until their
+group is complete, and its rows go to the store in dataset order.
 """
 
 from __future__ import annotations
@@ -59,15 +59,15 @@ class BackgroundWriter:
         except BaseException as err:  # the block's own error is the one to report
             log.debug("writer stopped with %r", err)
 
-    def put(self, index, target, values, ready=None, lengths=None,
-            window_end: bool = True) -> None:
+    def put(self, index, target, values, ready=None, lengths=None, ends_group: bool = True,
+            skipped=()) -> None:
         """Queue one batch; blocks while ``max_pending`` batches wait. Raises a write error.
 
         ``ready`` are CUDA events that complete when the device-to-host copies of ``values``
-        have landed (None for values already on the host); ``lengths`` are the token rows of
-        each sample, for a run with rows per token; a batch that does not end its window is
-        held until one that does."""
-        item = (index, target, values, lengths, ready, window_end)
+        have landed (None for values already on the host); ``lengths`` are the position rows
+        of each sample, for a run with rows per position; a batch that does not end its group
+        is held until one that does; ``skipped`` are dataset indices left out of it."""
+        item = (index, target, values, lengths, list(skipped), ready, ends_group)
         while True:
             self._raise_if_failed()
             try:
@@ -88,20 +88,22 @@ class BackgroundWriter:
             raise self._error
 
     def _work(self) -> None:
-        batches, last_commit, window = 0, time.monotonic(), []
+        batches, last_commit, group = 0, time.monotonic(), []
         item = None
         try:
             while (item := self._queue.get()) is not _STOP:
-                *part, ready, window_end = item
+                *part, skipped, ready, ends_group = item
                 for event in ready or ():
                     event.synchronize()
-                window.append(part)
-                if not window_end:
+                group.append((part, skipped))
+                if not ends_group:
                     continue
-                in_order = len(window) == 1 and bool((np.diff(np.asarray(window[0][0])) > 0).all())
-                self.store.append(*(window[0] if in_order else
-                                    in_dataset_order(window, self.store.per_token_keys)))
-                window = []
+                parts = [p for p, _ in group]
+                in_order = len(parts) == 1 and bool((np.diff(np.asarray(parts[0][0])) > 0).all())
+                self.store.append(*(parts[0] if in_order else
+                                    in_dataset_order(parts, self.store.per_position_keys)),
+                                  skipped=sorted(i for _, s in group for i in s))
+                group = []
                 batches += 1
                 if (batches % self._commit_batches == 0
                         or time.monotonic() - last_commit >= self._commit_seconds):
@@ -115,9 +117,9 @@ class BackgroundWriter:
                 item = self._queue.get()
 
 
-def in_dataset_order(parts: list, per_token: set[str]) -> tuple:
+def in_dataset_order(parts: list, per_position: set[str]) -> tuple:
     """Batches ``(index, target, values, lengths)`` joined into one, rows in the order of their
-    index (dataset order); a sample's rows per token move as one block."""
+    index (dataset order); a sample's rows per position move as one block."""
     index = np.concatenate([np.asarray(p[0]) for p in parts])
     order = np.argsort(index, kind="stable")
     target = (None if parts[0][1] is None else
@@ -133,5 +135,5 @@ def in_dataset_order(parts: list, per_token: set[str]) -> tuple:
     values = {}
     for key in parts[0][2]:
         joined = np.concatenate([as_array(p[2][key]) for p in parts])
-        values[key] = joined[rows] if key in per_token else joined[order]
+        values[key] = joined[rows] if key in per_position else joined[order]
     return index[order], target, values, None if lengths is None else lengths[order]

@@ -9,8 +9,9 @@ import pytest
 import torch
 import torchvision
 
+from probe.checkpoints import load_checkpoint
 from probe.errors import ConfigError, DataError
-from probe.models import load_checkpoint, torchvision_model
+from probe.families.torchvision import torchvision_model
 
 
 @pytest.fixture(scope="module")

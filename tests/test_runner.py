@@ -26,8 +26,12 @@ def test_layout_and_attrs(make_cfg):
         assert f["fc/output"].shape == (6, 1000)
         assert f["layer4/output"].chunks[0] <= 6  # chunked along rows, never past the run
         attrs = dict(f["layer4/input"].attrs)
+        dims = list(attrs.pop("dims"))  # the axis names, for readers without probe
         assert attrs == {"layer": "layer4", "hook": "forward_pre", "kind": "input",
                          "reduce": "none", "dtype": "float32"}
+        assert dims == ["sample", "channel", "height", "width"]
+        assert list(f["fc/output"].attrs["dims"]) == ["sample", "feature"]
+        assert list(f["index"].attrs["dims"]) == ["sample"]
         targets = [probe.data.SyntheticImages(6, 32)[i][1] for i in range(6)]
         np.testing.assert_array_equal(f["target"][:], targets)
     assert not partial_path(path).exists()

@@ -13,7 +13,7 @@ import probe
 from probe.config import differing_keys
 from probe.errors import OutputError
 from probe.format import DatasetSpec
-from probe.store import _CHUNK_BYTES, Store, chunk_shape
+from probe.store import _CHUNK_BYTES, Store, chunk_shape, filter_options
 
 
 @pytest.mark.parametrize("row_shape, max_rows", [
@@ -96,7 +96,8 @@ def test_committed_rows_are_never_written_again(tmp_path, compression):
     # of committed rows must stay as they were stored.
     rows, batch = 61, 3  # neither divides a chunk
     store = Store(tmp_path / "f.h5", config_yaml="{}", num_rows=rows, has_target=False,
-                  datasets={"x/output": DatasetSpec((40,), "float32")}, compression=compression)
+                  datasets={"x/output": DatasetSpec((40,), "float32")},
+                  filters=filter_options(compression))
     values = torch.randn(rows, 40)
     before: dict[tuple, tuple[int, bytes]] = {}
     for start in range(0, rows, batch):

@@ -125,8 +125,8 @@ def test_bucketed_batches_give_the_same_file(text_cfg, tmp_path):
 
 
 def test_batch_plans_cover_every_sample_once_by_length_and_budget():
-    from probe.feed import Batching
-    from probe.text.batching import plan_batches
+    from probe.feeds import Batching
+    from probe.feeds.buckets import plan_batches
 
     lengths = np.random.default_rng(0).integers(1, 100, 50)
     for batching in (Batching(4), Batching(4, bucket=True), Batching(4, 150),

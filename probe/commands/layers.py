@@ -1,6 +1,7 @@
-"""``python -m probe.layers model=...``: every module of the model, with the shape it outputs for
-one sample (one token, for a language model) and the bytes that sample (token) adds to a file.
-Writes nothing, not even a run folder."""
+"""``python -m probe.layers model=...``: every module of the model, with the shape it stores for
+one sample (one token, for rows per token) and the bytes that sample (token) adds to a file,
+made by the same per-key transform as a run's (probe.keys). Writes nothing, not even a run
+folder."""
 
 from __future__ import annotations
 
@@ -15,40 +16,58 @@ __all__ = ["main", "layer_table"]
 
 
 def layer_table(cfg: DictConfig) -> list[tuple[str, str, str, str]]:
-    """Rows of (name, type, output shape, bytes per sample or per token), a header first. For
-    language models, an output with a token axis is shown per token.
+    """Rows of (name, type, stored shape, bytes per sample or per token), a header first.
+
+    A model that reads other data than the config's dataset (a language model and the default
+    images) is shown on a batch of its family's own making.
 
     Raises:
         ProbeError: a model, dataset or reduce that cannot work.
     """
-    import torch
-
     from probe.build import build_dataset, build_model
-    from probe.config import option_name
-    from probe.device import resolve_device
-    from probe.feed import feed_for
+    from probe.errors import ConfigError
+    from probe.families import family_for
+    from probe.feeds import feed_for
+    from probe.keys import key_transform
     from probe.layers import describe_layers
-    from probe.planner import TORCH_DTYPES
-    from probe.reduce import reduce_tensor, resolve_reduces
+    from probe.reduce import resolve_reduces
+    from probe.settings import read_settings
     from probe.units import human_bytes
 
-    device = resolve_device(cfg.device)
-    model, dataset = build_model(cfg).to(device), build_dataset(cfg)
-    feed = feed_for(dataset)
-    batch = feed.dry_batches(dataset, 0)[0].to(device)
-    length = batch.keep.shape[1] if feed.token_rows else None
-    infos = describe_layers(model, lambda: feed.forward(model, batch))
-    reduces = resolve_reduces([info.name for info in infos], cfg.reduce, cfg.reduce_by_layer)
-    itemsize = TORCH_DTYPES[option_name(cfg.output.dtype)].itemsize
-    rows = [("name", "type", "output shape", f"bytes/{feed.unit}")]
+    settings = read_settings(cfg)
+    model = build_model(cfg)
+    family = family_for(cfg.model, model)
+    model, device = family.place(model, settings.device, settings.asked_device)
+    dataset = build_dataset(cfg)
+    try:
+        family.check_data(model, feed_for(dataset))
+        batch = feed_for(dataset).dry_batches(dataset, 0)[0]
+    except ConfigError:
+        batch = family.example_batch(model)
+        if batch is None:
+            raise
+    positions = batch.keep is not None
+    layout = family.token_layout(model, batch)
+    on_device = batch.to(device)
+    infos = describe_layers(model, lambda: family.forward(model, on_device))
+    reduces = resolve_reduces([info.name for info in infos], settings.reduce,
+                              settings.reduce_by_layer)
+    itemsize = settings.output.dtype.itemsize
+    unit = "tok" if positions and settings.tokens.name == "all" else "sample"
+    rows = [("name", "type", "output shape", f"bytes/{unit}")]
     for info in infos:
         if info.shape is None:
             rows.append((info.name, info.type, "(not run)", "-"))
             continue
-        shape = info.shape[1:] if length is not None and info.shape[:1] == (length,) else \
-            info.shape
-        meta = torch.empty((1, *shape), device="meta")
-        shape = tuple(reduce_tensor(meta, reduces[info.name]).shape[1:])
+        raw = (1, *info.shape)
+        is_layout = layout is not None and len(raw) >= 3 and raw[1] == layout.length
+        try:
+            transform = key_transform(f"{info.name}/output", raw, reduce=reduces[info.name],
+                                      tokens=settings.tokens if is_layout else None,
+                                      per_position=positions)
+        except ConfigError:  # a reduce this layer refuses: shown as it would be captured
+            transform = key_transform(f"{info.name}/output", raw, reduce=reduces[info.name])
+        shape = transform.row_shape
         note = f" x{info.calls} calls" if info.calls > 1 else ""
         rows.append((info.name, info.type, f"{shape}{note}",
                      human_bytes(itemsize * math.prod(shape))))

@@ -23,7 +23,6 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from probe.data import IMAGENET_MEAN, IMAGENET_STD
 from probe.errors import ConfigError, OutputError
 from probe.format import Attr, DatasetSpec, partial_path
 from probe.gradcam_config import GradcamConfig as _Defaults
@@ -36,8 +35,6 @@ __all__ = ["gradcam", "write_gradcam", "save_montage", "default_output"]
 log = logging.getLogger(__name__)
 
 _BLOCK_BYTES = 64 << 20  # rows of output and grad_output read at once, by default
-# datasets whose images are normalised with the ImageNet statistics (see probe.data)
-_IMAGENET_NORMALISED = {"probe.data.image_folder", "probe.data.cifar10"}
 
 
 def gradcam(output: np.ndarray | torch.Tensor, grad_output: np.ndarray | torch.Tensor,
@@ -218,10 +215,11 @@ def _images(config: DictConfig, index: np.ndarray) -> np.ndarray | None:
     # (K, H, W, 3) images in [0, 1] for display, or None (with a warning) when unavailable
     try:
         from probe.build import build_dataset
-        from probe.feed import split_item
+        from probe.feeds.tensors import split_item
 
         dataset = build_dataset(config)
         images = torch.stack([split_item(dataset[int(i)])[0] for i in index]).float()
+        normalised = _normalisation(dataset)
     except Exception as err:  # any failure of the user's dataset code: draw the maps alone
         log.warning("cannot rebuild the run's dataset to draw its images (%s: %s); drawing the "
                     "maps alone", type(err).__name__, err)
@@ -231,8 +229,20 @@ def _images(config: DictConfig, index: np.ndarray) -> np.ndarray | None:
                     tuple(images.shape[1:]))
         return None
     images = images.expand(-1, 3, -1, -1).permute(0, 2, 3, 1).numpy().astype(np.float64)
-    if str(config.dataset.get("_target_", "")) in _IMAGENET_NORMALISED:
-        return np.clip(images * np.array(IMAGENET_STD) + np.array(IMAGENET_MEAN), 0, 1)
+    if normalised is not None:  # undone: the images as they were before the transform
+        mean, std = normalised
+        return np.clip(images * np.array(std) + np.array(mean), 0, 1)
     low = images.min(axis=(1, 2, 3), keepdims=True)
     high = images.max(axis=(1, 2, 3), keepdims=True)
     return (images - low) / np.where(high > low, high - low, 1)
+
+
+def _normalisation(dataset) -> tuple[list[float], list[float]] | None:
+    # the mean and std that the dataset's transform normalises its images with, if it does
+    from probe.preprocess import describe_transform
+
+    transform = getattr(dataset, "transform", None)
+    found = {} if transform is None else describe_transform(transform)
+    if "mean" in found and "std" in found and len(found["mean"]) in (1, 3):
+        return found["mean"], found["std"]
+    return None

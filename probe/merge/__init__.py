@@ -22,7 +22,17 @@ import yaml
 
 from probe.config import differing_keys
 from probe.errors import OutputError
-from probe.format import INDEX, OFFSETS, TARGET, Attr, dataset_names, partial_path, read_state
+from probe.format import (
+    FILE,
+    INDEX,
+    OFFSETS,
+    SKIPPED,
+    TARGET,
+    Attr,
+    dataset_names,
+    partial_path,
+    read_state,
+)
 from probe.store import chunk_shape, filter_options
 
 __all__ = ["merge", "missing_value"]
@@ -132,10 +142,15 @@ def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool) 
     f.attrs.update(attrs)
     output = config.get("output") or {}
     for name, (_, dtype, dataset_attrs) in infos[0]["datasets"].items():
+        if name == SKIPPED:  # the samples every shard left out, in dataset order
+            left_out = np.sort(np.concatenate([_read(info["path"], SKIPPED) for info in infos]))
+            f.create_dataset(name, data=left_out, maxshape=(None,)).attrs.update(dataset_attrs)
+            f.attrs[Attr.NUM_SKIPPED] = len(left_out)
+            continue
         shapes = [info["datasets"][name][0] for info in infos]
         full_shape = (sum(shape[0] for shape in shapes) - (len(infos) - 1) * (name == OFFSETS),
                       *shapes[0][1:])
-        bookkeeping = name in (INDEX, TARGET, OFFSETS)
+        bookkeeping = name in (INDEX, TARGET, OFFSETS, FILE)
         if bookkeeping or copy:
             options = {} if bookkeeping else filter_options(output.get("compression", "none"),
                                                             output.get("compression_level"))
@@ -163,6 +178,11 @@ def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool) 
                     layout[info["index"]::len(infos)] = source
             dataset = f.create_virtual_dataset(name, layout, fillvalue=missing_value(dtype))
         dataset.attrs.update(dataset_attrs)
+
+
+def _read(path: Path, name: str) -> np.ndarray:
+    with h5py.File(path, "r") as shard:
+        return shard[name][:]
 
 
 def _merged_offsets(infos: list[dict]) -> np.ndarray:

@@ -1,8 +1,9 @@
-"""Language models and text: token-level activations and gradients of Hugging Face models.
+"""Text as token sequences, the data kind of language models (model=transformers).
 
-    probe.text.models    model=transformers: AutoModelFor<head> by Hub id or folder
     probe.text.data      dataset=text: files or a Hub dataset, tokenized by the model's tokenizer
-    probe.text.feed      right-padded batches, rows per token, the nll/top1/target objectives
+    probe.text.ids       dataset=tokens: pre-tokenized ids (jsonl or parquet lists, or .npy)
+    probe.text.feed      right-padded batches, rows per token (TextFeed)
+    probe.text.stream    corpora read as they come, tokenized ahead of the model
 
 Needs the `text` extra (transformers, datasets); image runs never import this package.
 """

@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import Dataset
 
 from probe.errors import ConfigError, DataError
-from probe.feed import StreamSlice
+from probe.feeds import OpenSelection
 from probe.text.feed import TextFeed
 from probe.text.stream import pack, stream_items
 
@@ -101,7 +101,7 @@ class TextDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict:
         if self.streaming:  # read up to it (the dry run's first sample, a cheap read)
-            found = next((item for i, item in stream_items(self, StreamSlice(index + 1))
+            found = next((item for i, item in stream_items(self, OpenSelection(index + 1))
                           if i == index), None)
             if found is None:
                 raise IndexError(f"index {index} is past the end of the stream")
@@ -176,6 +176,12 @@ class TextDataset(Dataset):
             return np.asarray([len(w) for w in windows], dtype=np.int64)
         return np.asarray([int((~np.isin(w, self.special)).sum()) for w in windows],
                           dtype=np.int64)
+
+    def describe(self) -> dict:
+        """Root attrs that say how the documents became token sequences."""
+        return {"tokenizer": self.tokenizer_name, "max_length": self.max_length,
+                "packing": self.packing, "exclude_special": self.exclude_special,
+                "streaming": self.streaming, "truncated_documents": len(self.truncated)}
 
     def fingerprint(self) -> dict:
         """The files (relative paths and sizes) or the Hub dataset, and the tokenizer."""

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from probe.feed import StreamSlice
+from probe.feeds import OpenSelection
 
 __all__ = ["stream_items", "pack"]
 
@@ -22,7 +22,7 @@ _CHUNK = 1000  # documents tokenized together
 _AHEAD = 4  # chunks tokenized ahead of the model
 
 
-def stream_items(dataset, selection: StreamSlice) -> Iterator[tuple[int, dict]]:
+def stream_items(dataset, selection: OpenSelection) -> Iterator[tuple[int, dict]]:
     """(sample index, item) of the selected samples, tokenized by a background thread that
     stays at most a few thousand documents ahead."""
     chunks: queue.Queue = queue.Queue(maxsize=_AHEAD)
@@ -58,7 +58,7 @@ def stream_items(dataset, selection: StreamSlice) -> Iterator[tuple[int, dict]]:
         stop.set()
 
 
-def _chunks(dataset, selection: StreamSlice) -> Iterator[list[tuple[int, dict]]]:
+def _chunks(dataset, selection: OpenSelection) -> Iterator[list[tuple[int, dict]]]:
     # the selected samples, a chunk of documents at a time
     samples = pack(dataset) if dataset.packing else _documents(dataset)
     taken, chunk = 0, []

@@ -1,8 +1,8 @@
-"""Model construction: torchvision models by name, with random, named or local weights."""
+"""Local checkpoints: a state_dict saved with ``torch.save``, loaded into a model of any family
+with ``weights_only=True`` (no code in the file runs)."""
 
 from __future__ import annotations
 
-import difflib
 import logging
 from pathlib import Path
 
@@ -11,42 +11,9 @@ from torch import nn
 
 from probe.errors import ConfigError, DataError, ProbeError
 
-__all__ = ["torchvision_model", "load_checkpoint"]
+__all__ = ["load_checkpoint", "looks_like_path"]
 
 log = logging.getLogger(__name__)
-
-
-def torchvision_model(name: str, weights: str | None = None) -> nn.Module:
-    """Build a torchvision model, in eval mode.
-
-    Args:
-        name: a name from ``torchvision.models.list_models()``, e.g. ``vgg16``.
-        weights: None for a random init (seed it with ``torch.manual_seed`` first), a torchvision
-            weights name such as ``DEFAULT`` or ``IMAGENET1K_V1``, or the path of a local
-            checkpoint holding a state_dict.
-
-    Raises:
-        ConfigError: the name or the weights name is unknown.
-        DataError: the checkpoint file does not exist.
-    """
-    import torchvision.models as tvm
-
-    name = str(name)
-    known = tvm.list_models()
-    if name not in known:
-        close = difflib.get_close_matches(name, known, n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ConfigError(
-            f"model.name={name!r} is not a torchvision model.{hint} "
-            "Run python -c 'import torchvision; print(torchvision.models.list_models())' for all."
-        )
-    if weights is None or _looks_like_path(weights):
-        model = tvm.get_model(name, weights=None)
-        if weights is not None:
-            load_checkpoint(model, weights)
-    else:
-        model = _pretrained(tvm, name, _weights_enum(tvm, name, str(weights)), str(weights))
-    return model.eval()
 
 
 def load_checkpoint(model: nn.Module, path: str | Path) -> None:
@@ -127,35 +94,7 @@ def _unreadable(path: Path, err: Exception) -> ProbeError:
                      "torch.save(model.state_dict(), path)")
 
 
-def _looks_like_path(weights: str) -> bool:
+def looks_like_path(weights: str) -> bool:
+    """Whether a ``model.weights`` value names a file rather than a library's weights."""
     text = str(weights)
     return "/" in text or text.startswith(".") or text.endswith((".pt", ".pth", ".ckpt", ".bin"))
-
-
-def _weights_enum(tvm, name: str, weights: str):
-    enum = tvm.get_model_weights(name)
-    names = list(dict.fromkeys(["DEFAULT", *enum.__members__]))  # DEFAULT is also a member
-    if weights not in names:
-        raise ConfigError(
-            f"model.weights={weights!r} is not a weights name of {name}; choose one of "
-            f"{', '.join(names)}, null for a random init, or the path of a local checkpoint"
-        )
-    return enum[weights] if weights != "DEFAULT" else enum.DEFAULT
-
-
-def _pretrained(tvm, name: str, weights, asked: str) -> nn.Module:
-    # torchvision downloads the file once into the hub cache; without a network, say where
-    # to put it by hand
-    cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
-    try:
-        return tvm.get_model(name, weights=weights)
-    except OSError as err:  # URLError, socket errors, a refused connection
-        if cached.is_file():
-            raise
-        reason = getattr(err, "reason", None) or err.strerror or err
-        raise DataError(
-            f"model.weights={asked}: torchvision could not download {weights.url} ({reason}); "
-            f"on a machine without internet, copy {cached.name} into {cached.parent} (or under "
-            "$TORCH_HOME/hub/checkpoints) from a machine that has it, or use model.weights=null "
-            "or the path of a local checkpoint"
-        ) from None

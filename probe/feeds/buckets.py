@@ -1,14 +1,14 @@
-"""Which documents go into which batch, for language models.
+"""Which samples of different lengths go into which batch (language models' documents).
 
-A right-padded batch computes ``batch length x longest document`` positions, and the padding
+A right-padded batch computes ``batch length x longest sample`` positions, and the padding
 among them is work thrown away (41% of it on a corpus of 16 to 128 tokens in random batches of
-16). With ``bucket_by_length`` the documents of each window of 16 x ``batch_size``
-consecutive ones are sorted by length before they are cut into batches, so that a batch holds
-documents of similar length; the writer puts each window's rows back in dataset order before
-they are stored. ``batch_tokens`` cuts batches by a budget of padded positions instead of a
-number of documents.
+16). With ``bucket_by_length`` the samples of each group of 16 x ``batch_size`` consecutive
+ones are sorted by length before they are cut into batches, so that a batch holds samples of
+similar length; the writer puts each group's rows back in dataset order before they are
+stored. ``batch_tokens`` cuts batches by a budget of padded positions instead of a number of
+samples.
 
-Windows are fixed by position, so a run resumed at a window's start makes the very same batches
+Groups are fixed by position, so a run resumed at a group's start makes the very same batches
 as an uninterrupted one.
 """
 
@@ -16,20 +16,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from probe.feed import Batching
+from probe.feeds import Batching
 
 __all__ = ["plan_batches"]
 
 
 def plan_batches(lengths: np.ndarray, batching: Batching) -> list[tuple[np.ndarray, bool]]:
     """Batches of positions into ``lengths`` (each sample's length in tokens), each with
-    whether it ends a window; every position once."""
-    if batching.window == 1:
+    whether it ends a group; every position once."""
+    if batching.group == 1:
         return [(np.arange(start, min(start + batching.batch_size, len(lengths))), True)
                 for start in range(0, len(lengths), batching.batch_size)]
     batches: list[tuple[np.ndarray, bool]] = []
-    for start in range(0, len(lengths), batching.window):
-        positions = np.arange(start, min(start + batching.window, len(lengths)))
+    for start in range(0, len(lengths), batching.group):
+        positions = np.arange(start, min(start + batching.group, len(lengths)))
         if batching.bucket:  # by length, ties in dataset order
             positions = positions[np.argsort(lengths[positions], kind="stable")]
         cut = _cut(lengths[positions], batching)
@@ -39,7 +39,7 @@ def plan_batches(lengths: np.ndarray, batching: Batching) -> list[tuple[np.ndarr
 
 
 def _cut(lengths: np.ndarray, batching: Batching) -> list[int]:
-    # where to split a window's (ordered) samples into batches
+    # where to split a group's (ordered) samples into batches
     if batching.batch_tokens is None:
         return list(range(batching.batch_size, len(lengths), batching.batch_size))
     cuts, first, longest = [], 0, 0

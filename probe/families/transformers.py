@@ -1,4 +1,4 @@
-"""Hugging Face language models by name or folder: ``model=transformers model.name=gpt2``.
+"""Hugging Face models by name or folder: ``model=transformers model.name=gpt2``.
 
 The model is built with transformers' own Auto classes, with the key/value cache off (nobody
 needs it while probing) and in eval mode. ``weights=pretrained`` loads the weights with
@@ -10,14 +10,17 @@ needs it while probing) and in eval mode. ``weights=pretrained`` loads the weigh
 from __future__ import annotations
 
 import logging
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from probe.errors import ConfigError, DataError
+from probe.families import Family, TokenLayout, register
 
-__all__ = ["transformers_model", "head_of", "HEADS"]
+__all__ = ["transformers_model", "head_of", "HEADS", "nll", "FAMILY"]
 
 log = logging.getLogger(__name__)
 
@@ -129,3 +132,117 @@ def _unavailable(name: str, source: str, err: OSError) -> DataError:
         "$HF_HOME) to this machine, or save it with save_pretrained and pass that folder as "
         "model.name (set HF_HUB_OFFLINE=1 to fail at once instead of retrying)"
     )
+
+
+class TransformersFamily(Family):
+    """Language models: fed token ids with an attention mask, their (B, L, ...) outputs are
+    token layouts whose real positions the batch marks, their logits in ``output.logits``."""
+
+    name = "transformers"
+    libraries = ("transformers",)
+
+    def recognizes(self, model: nn.Module) -> bool:
+        # transformers is only imported by runs that use it
+        library = sys.modules.get("transformers")
+        return library is not None and isinstance(model, library.PreTrainedModel)
+
+    def place(self, model: nn.Module, device: torch.device, asked: str
+              ) -> tuple[nn.Module, torch.device]:
+        # spread over devices by a device map (device_map=auto), a model stays as it is, and
+        # its inputs go where its input embeddings live
+        if not getattr(model, "hf_device_map", None):
+            return model.to(device), device
+        if str(asked) != "auto":
+            raise ConfigError(f"device={asked} but model.device_map already places the model; "
+                              "leave device=auto")
+        return model, model.get_input_embeddings().weight.device
+
+    def check_data(self, model: nn.Module, feed) -> None:
+        if not feed.positions:
+            raise ConfigError(
+                f"{type(model).__name__} is a language model: it reads text, not these inputs; "
+                "add dataset=text dataset.path=<a .txt, .jsonl, .csv or .parquet file> (or "
+                "dataset=tokens dataset.path=<token ids>)")
+
+    def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:
+        if batch.keep is None:
+            return None
+        return TokenLayout(batch.keep.shape[1], keep=batch.keep)
+
+    def forward(self, model: nn.Module, batch, *, input_grad: bool = False):
+        # token ids have no gradient: the graph starts at the input embeddings instead
+        handle = (model.get_input_embeddings().register_forward_hook(_start_graph)
+                  if input_grad else None)
+        try:
+            return model(**batch.inputs)
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    def logits(self, output) -> torch.Tensor | None:
+        return getattr(output, "logits", None)
+
+    def objective(self, name: str, model: nn.Module) -> Callable:
+        named = {"nll": (nll, ("causal_lm",)),
+                 "top1": (top1, ("causal_lm", "masked_lm", "sequence_classification")),
+                 "target": (target, ("sequence_classification",))}
+        if name not in named:
+            raise ConfigError(f"objective={name!r} is unknown for a language model; use nll, "
+                              "top1, target, or a config with a _target_ callable (logits, "
+                              "targets) -> one value per sample")
+        function, heads = named[name]
+        head = head_of(model)
+        if head not in heads:
+            raise ConfigError(
+                f"objective={name} needs model.head={' or '.join(heads)}, but the model has "
+                f"{'no head' if head == 'base' else f'head {head}'} ({type(model).__name__})"
+            )
+        return lambda output, batch: function(self._required_logits(output), batch)
+
+    def example_batch(self, model: nn.Module):
+        from probe.feeds import Batch
+
+        # a few tokens of the model's own vocabulary: listing layers needs no corpus
+        ids = (torch.arange(8) % model.get_input_embeddings().num_embeddings).view(1, -1)
+        return Batch(torch.zeros(1, dtype=torch.int64), torch.full((1,), -1),
+                     {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+                     keep=torch.ones(ids.shape, dtype=torch.bool))
+
+    def _required_logits(self, output) -> torch.Tensor:
+        logits = self.logits(output)
+        if logits is None:
+            raise ConfigError("the model returns no logits (model.head=base?); use model.head="
+                              "causal_lm, masked_lm or sequence_classification for gradients")
+        return logits
+
+
+FAMILY = register(TransformersFamily())
+
+
+def nll(logits: torch.Tensor, batch) -> torch.Tensor:
+    """Each sample's mean next-token negative log-likelihood over its real tokens (0 for a
+    sample of one token, which predicts nothing)."""
+    ids = batch.inputs["input_ids"][:, 1:]
+    mask = batch.inputs["attention_mask"]
+    counted = (mask[:, 1:] * mask[:, :-1]).float()  # predictions from a real token of a real one
+    losses = nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2).float(), ids,
+                                         reduction="none")
+    return (losses * counted).sum(1) / counted.sum(1).clamp_min(1)
+
+
+def top1(logits: torch.Tensor, batch) -> torch.Tensor:
+    """The largest logit: at each sample's last real token, or of a classification head."""
+    if logits.dim() == 3:
+        last = batch.inputs["attention_mask"].sum(1) - 1
+        logits = logits[torch.arange(len(logits), device=logits.device), last]
+    return logits.amax(1)
+
+
+def target(logits: torch.Tensor, batch) -> torch.Tensor:
+    """The logit of each sample's label, from a classification head."""
+    return logits.gather(1, batch.target.to(logits.device).view(-1, 1)).squeeze(1)
+
+
+def _start_graph(module: nn.Module, args, output: torch.Tensor) -> torch.Tensor:
+    # a leaf that requires grad: every path from the input embeddings is then in the graph
+    return output.detach().requires_grad_()

@@ -8,13 +8,17 @@ the ``timm`` extra; runs of other models never import timm.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 
+import torch
+from omegaconf import DictConfig
 from torch import nn
 
+from probe.checkpoints import load_checkpoint, looks_like_path
 from probe.errors import ConfigError, DataError
-from probe.models import _looks_like_path, load_checkpoint
+from probe.families import Family, TokenLayout, register
 
-__all__ = ["timm_model"]
+__all__ = ["timm_model", "FAMILY"]
 
 
 def timm_model(name: str, weights: str | None = None, **options) -> nn.Module:
@@ -39,7 +43,7 @@ def timm_model(name: str, weights: str | None = None, **options) -> nn.Module:
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise ConfigError(f"model.name={name!r} is not a timm model.{hint} "
                           "timm.list_models('*vit*') lists them by pattern.")
-    if weights not in (None, "pretrained") and not _looks_like_path(str(weights)):
+    if weights not in (None, "pretrained") and not looks_like_path(str(weights)):
         raise ConfigError(f"model.weights={weights!r}: use null (random init), pretrained, or "
                           "the path of a local state_dict")
     try:
@@ -59,6 +63,39 @@ def timm_model(name: str, weights: str | None = None, **options) -> nn.Module:
     if weights not in (None, "pretrained"):
         load_checkpoint(model, str(weights))
     return model.eval()
+
+
+class TimmFamily(Family):
+    name = "timm"
+    libraries = ("timm",)
+
+    def recognizes(self, model: nn.Module) -> bool:
+        return any(type(m).__module__.startswith("timm.") for m in model.modules())
+
+    def transform(self, model_cfg: DictConfig) -> Callable | None:
+        # timm's own: resolve_data_config + create_transform (CLIP's mean and std, bicubic, ...)
+        timm = _timm()
+        pretrained = timm.models.get_pretrained_cfg(str(model_cfg.name))
+        config = timm.data.resolve_data_config(
+            {}, pretrained_cfg=pretrained.to_dict() if pretrained is not None else None)
+        return timm.data.create_transform(**config)
+
+    def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:
+        # timm's vision transformers (ViT, DeiT, DINOv2, EVA, BEiT, CLIP and SigLIP towers)
+        # keep num_prefix_tokens class and register tokens before the patches
+        vit = next((m for m in model.modules()
+                    if hasattr(m, "num_prefix_tokens") and hasattr(m, "patch_embed")), None)
+        if vit is None or not isinstance(batch.inputs, torch.Tensor):
+            return None
+        embed = vit.patch_embed
+        size = tuple(batch.inputs.shape[-2:])
+        grid = (tuple(embed.dynamic_feat_size(size)) if getattr(embed, "dynamic_img_size", False)
+                else tuple(embed.grid_size))
+        prefix = int(vit.num_prefix_tokens)
+        return TokenLayout(prefix + grid[0] * grid[1], prefix=prefix, grid=grid)
+
+
+FAMILY = register(TimmFamily())
 
 
 def _timm():

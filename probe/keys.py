@@ -1,0 +1,155 @@
+"""What each stored key becomes, in one place: the steps from a captured tensor to the rows
+stored (select positions, pool, reduce, cast), on tensors for the hooks and on shapes for the
+dry run and ``probe.layers``.
+
+    transform = key_transform(raw_shape, layout, tokens, reduce, dtype, per_position=...)
+    rows = transform(value, layout)       # what the store writes, on the value's device
+    transform.row_shape, transform.dims   # its shape and axis names, without computing it
+
+An output with a token axis (``layout`` given: language models' tokens, vision transformers'
+class, register and patch tokens) gives one row per kept position (``per_position``, with
+``tokens=all``), or per sample (``first``, ``last``, ``mean``; a vision transformer's
+``all`` keeps its (tokens, features) rows); then the reduce applies to what is left.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from probe.errors import ConfigError
+from probe.format import Reduce, Tokens, split_key
+
+__all__ = ["KeyTransform", "key_transform", "transforms_for", "select_tokens", "reduce_tensor"]
+
+
+@dataclass(frozen=True)
+class KeyTransform:
+    """How the captured tensor of one key becomes its stored rows."""
+
+    reduce: Reduce  # the reduce as it applies: none where the rows have no axes to pool
+    tokens: Tokens | None  # how a token layout is pooled; None for a tensor without one
+    per_position: bool  # one row per kept position (rows per token), else one per sample
+    dtype: torch.dtype | None  # the stored type; None keeps the captured tensor's
+    row_shape: tuple[int, ...]  # one stored row
+    dims: tuple[str, ...]  # the name of each stored axis, rows first
+
+    def __call__(self, value: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """The stored rows of a captured (B, ...) tensor (cast by the caller, which copies);
+        ``keep`` marks the kept positions of a token layout."""
+        if self.tokens is not None:
+            value = select_tokens(value, keep, self.tokens)
+        return reduce_tensor(value, self.reduce)
+
+
+def key_transform(key: str, raw_shape: tuple[int, ...], *, reduce: Reduce,
+                  dtype: torch.dtype | None = None, tokens: Tokens | None = None,
+                  per_position: bool = False, axis: str = "token") -> KeyTransform:
+    """The transform of ``key``, whose captured tensor has ``raw_shape`` (batch axis first).
+
+    ``tokens`` (None for a tensor without a token axis) pools a token layout whose positions
+    are named ``axis``; ``per_position`` stores its kept positions as rows (``tokens=all`` of
+    a sequence with a mask of real positions).
+
+    Raises:
+        ConfigError: a reduce that would pool a token layout's features.
+    """
+    rows = tuple(raw_shape[1:])
+    per_position = per_position and tokens is Tokens.all
+    if tokens is None:
+        dims = _plain_dims(len(rows))
+    elif tokens is Tokens.all:
+        if reduce in (Reduce.mean, Reduce.max):
+            raise ConfigError(_feature_pooling(key, reduce, per_position))
+        rows, dims = ((rows[1:], (axis, *_features(len(rows) - 1))) if per_position else
+                      (rows, ("sample", axis, *_features(len(rows) - 1))))
+    else:
+        rows, dims = rows[1:], ("sample", *_features(len(rows) - 1))
+    if reduce in (Reduce.mean, Reduce.max) and len(rows) > 1:
+        rows, dims = rows[:1], dims[:2]
+    elif reduce is Reduce.flatten and len(rows) > 1:
+        rows, dims = (math.prod(rows),), (dims[0], "feature")
+    elif reduce is not Reduce.none:
+        reduce = Reduce.none  # nothing to pool or flatten: the attr says what was done
+    return KeyTransform(reduce, tokens, per_position, dtype, rows, dims)
+
+
+def transforms_for(shapes: Mapping[str, tuple[int, ...]], layouts: set[str],
+                   reduces: Mapping[str, Reduce], *, tokens: Tokens, dtype: torch.dtype | None,
+                   positions: bool, axis: str = "token") -> dict[str, KeyTransform]:
+    """The transform of every key of a dry run: its raw ``shapes``, which keys are token
+    ``layouts``, each layer's reduce; ``positions``: the batches mark their real positions, so
+    ``tokens=all`` gives one row per position.
+
+    Raises:
+        ConfigError: a reduce that would pool a token layout's features.
+    """
+    return {key: key_transform(key, shape, reduce=reduces[split_key(key)[0]], dtype=dtype,
+                               tokens=tokens if key in layouts else None, axis=axis,
+                               per_position=positions and tokens is Tokens.all)
+            for key, shape in shapes.items()}
+
+
+def _plain_dims(axes: int) -> tuple[str, ...]:
+    # the axes of a tensor without a token axis, as PyTorch's layers lay them out
+    if axes <= 1:
+        return ("sample", "feature")[: axes + 1]
+    spatial = {1: ("length",), 2: ("height", "width"), 3: ("depth", "height", "width")}
+    return ("sample", "channel", *spatial.get(axes - 1, tuple(f"axis{n}" for n in
+                                                              range(2, axes + 1))))
+
+
+def _features(axes: int) -> tuple[str, ...]:
+    return ("feature",) if axes == 1 else tuple(f"feature{n}" for n in range(axes))
+
+
+def _feature_pooling(key: str, reduce: Reduce, per_position: bool) -> str:
+    # the axes after a token layout's token axis are its features, not space
+    rows, instead = (("whose rows are its tokens (tokens, features)", "tokens=mean (or first, "
+                      "last)") if per_position else
+                     ("(N, tokens, features)", "tokens=first (the class token), last or mean"))
+    return (f"reduce={reduce.name} on {key}, a token layout {rows}: it would {reduce.name}-pool "
+            f"the feature axis; pool the tokens instead with {instead}, or leave this layer out "
+            f"of the reduce ('reduce_by_layer={{{split_key(key)[0]}:none}}')")
+
+
+def select_tokens(value: torch.Tensor, keep: torch.Tensor | None, how: Tokens) -> torch.Tensor:
+    """The rows ``how`` asks for of a (B, L, ...) tensor.
+
+    ``all``: (number of kept positions, ...) in batch order, or the tensor itself when ``keep``
+    is None; ``first``, ``last``, ``mean``: (B, ...). The mean is taken in float32 at least.
+    """
+    if keep is None:
+        if how is Tokens.all:
+            return value
+        if how is Tokens.mean:
+            return value.mean(1, dtype=torch.promote_types(value.dtype, torch.float32))
+        return value[:, 0] if how is Tokens.first else value[:, -1]
+    if value.shape[:2] != keep.shape:
+        raise ValueError(f"a token layout of shape {tuple(value.shape)} for a batch whose tokens "
+                         f"are {tuple(keep.shape)}")
+    if how is Tokens.all:
+        return value[keep]
+    rows = torch.arange(len(value), device=value.device)
+    if how is Tokens.first:
+        return value[rows, keep.int().argmax(1)]
+    if how is Tokens.last:
+        return value[rows, keep.shape[1] - 1 - keep.flip(1).int().argmax(1)]
+    weights = keep.to(torch.promote_types(value.dtype, torch.float32))
+    weights = weights / weights.sum(1, keepdim=True)
+    return torch.einsum("bl...,bl->b...", value.to(weights.dtype), weights)
+
+
+def reduce_tensor(tensor: torch.Tensor, how: Reduce) -> torch.Tensor:
+    """Reduce a (N, C, ...) tensor over its axes after C (mean, max) or flatten it to (N, -1)."""
+    if how is Reduce.none:
+        return tensor
+    if how is Reduce.flatten:
+        return tensor.flatten(1)
+    if tensor.dim() <= 2:
+        return tensor
+    axes = tuple(range(2, tensor.dim()))
+    return tensor.mean(axes) if how is Reduce.mean else tensor.amax(axes)
