@@ -42,8 +42,9 @@ def build_dataset(cfg: DictConfig) -> Dataset:
         ConfigError: a dataset config that cannot be built.
     """
     node = cfg.dataset
-    if "on_error" in node:
-        node = OmegaConf.masked_copy(node, [k for k in node if k != "on_error"])
+    if "on_error" in node:  # resolved first: its interpolations point into the whole config
+        values = OmegaConf.to_container(node, resolve=True)
+        node = OmegaConf.create({k: v for k, v in values.items() if k != "on_error"})
     if str(node.get("transform", "")) == "auto":
         from probe.families import family_for
 

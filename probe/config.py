@@ -198,8 +198,12 @@ def option_name(value) -> str:
 
 
 def register_configs() -> None:
-    """Make the schema available to conf/config.yaml's defaults list as ``probe_schema``."""
+    """Make the schema available to conf/config.yaml's defaults list as ``probe_schema``, and
+    the arguments of the groups' factories to the group files (probe.arguments)."""
+    from probe import arguments
+
     ConfigStore.instance().store(name="probe_schema", node=ProbeConfig)
+    arguments.register(CONFIG_DIR)
 
 
 register_configs()

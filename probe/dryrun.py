@@ -2,9 +2,9 @@
 file exists.
 
 It finds the shape of every captured tensor, how often each hooked module runs per forward
-pass, which captured tensors are token layouts (their second axis is the layout's token axis
-in every dry batch), layers that do not run, and a model that fails on the data, which it
-reports in one line naming the module.
+pass, which captured tensors follow the model's layout of positions (their second axis is as
+long as the layout in every dry batch), layers that do not run, and a model that fails on the
+data, which it reports in one line naming the module.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ class DryRun:
     """What one sample showed about each key the capture fills."""
 
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # batch axis first
-    layouts: set[str] = field(default_factory=set)  # keys whose tensors are token layouts
-    axis: str = "token"  # what the layouts' positions are called (the family's word)
+    layouts: set[str] = field(default_factory=set)  # keys whose tensors follow the layout
+    axis: str = "position"  # what the layout's positions are called (the family's word)
 
 
 def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.device,
@@ -50,7 +50,7 @@ def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.
     kinds = sorted({_SHAPE_SOURCE[hook.kind] for hook in capture.hooks})
     shapes: list[dict[str, tuple[int, ...]]] = []
     lengths: list[int | None] = []
-    axis = "token"
+    axis = "position"
     for n, batch in enumerate(batches):
         # The first pass runs the whole model and counts how often each hooked module runs;
         # later ones only need the hooked modules' shapes.

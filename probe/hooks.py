@@ -58,7 +58,7 @@ def attach(model: nn.Module, layers: Iterable[str], hooks: Iterable[str | Hook] 
     Example::
 
         with probe.attach(model, ["features.28"]) as cap:
-            model(images)
+            model(inputs)
             conv_out = cap["features.28/output"]
 
     Args:
@@ -99,7 +99,7 @@ class Capture:
     Example::
 
         with Capture(model, ["layer4"], ["forward", "backward"]) as cap:
-            logits = model(images.requires_grad_())
+            logits = model(inputs.requires_grad_())
             cap.backward(logits.amax(1).sum())
             act, grad = cap["layer4/output"], cap["layer4/grad_output"]
     """
@@ -117,7 +117,7 @@ class Capture:
         self.dtype = dtype
         # How each key's captured tensor becomes its stored rows, by key (set by the planner,
         # from the dry run: probe.keys); a key without one is reduced and cast. `keep` (B, L),
-        # set before each pass, marks the positions of a token layout that count (None: all).
+        # set before each pass, marks the positions of a layout that count (None: all).
         self.transforms: dict[str, KeyTransform] = {}
         self.keep: torch.Tensor | None = None
         # How often each hooked module runs in one forward pass: given (a dry run's count) or
@@ -263,7 +263,7 @@ class Capture:
         values, self._values = {key: self._values[key] for key in self.keys}, {}
         self._armed = self.stop_early
         self.copied = None
-        if self._copying:  # an event after the copies on each device's stream
+        if self._copying:  # an event after the copies, on each device's queue of work
             self.copied = [torch.cuda.Event() for _ in self._copying]
             for event, device in zip(self.copied, self._copying, strict=True):
                 event.record(torch.cuda.current_stream(device))
@@ -370,7 +370,7 @@ class Capture:
         if dtype == torch.float16 and value.dtype != torch.float16:
             self._overflow.append((value.abs() >= _FLOAT16_LIMIT).any())  # NaN stays NaN
         if value.device.type == "cuda":
-            # enqueued now, so it reads the value before any later in-place op on the stream
+            # enqueued now, so it reads the value before any later in-place op on the device
             host = torch.empty(value.shape, dtype=dtype, pin_memory=True)
             self._values[key] = host.copy_(value.to(dtype), non_blocking=True)
             self._copying.add(value.device)

@@ -31,7 +31,7 @@ class KeyTransform:
     """How the captured tensor of one key becomes its stored rows."""
 
     reduce: Reduce  # the reduce as it applies: none where the rows have no axes to pool
-    tokens: Tokens | None  # how a token layout is pooled; None for a tensor without one
+    pool: Tokens | None  # how a token layout's positions are pooled; None: it has none
     per_position: bool  # one row per kept position (rows per token), else one per sample
     dtype: torch.dtype | None  # the stored type; None keeps the captured tensor's
     row_shape: tuple[int, ...]  # one stored row
@@ -40,8 +40,8 @@ class KeyTransform:
     def __call__(self, value: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """The stored rows of a captured (B, ...) tensor (cast by the caller, which copies);
         ``keep`` marks the kept positions of a token layout."""
-        if self.tokens is not None:
-            value = select_tokens(value, keep, self.tokens)
+        if self.pool is not None:
+            value = select_tokens(value, keep, self.pool)
         return reduce_tensor(value, self.reduce)
 
 
@@ -78,18 +78,19 @@ def key_transform(key: str, raw_shape: tuple[int, ...], *, reduce: Reduce,
 
 
 def transforms_for(shapes: Mapping[str, tuple[int, ...]], layouts: set[str],
-                   reduces: Mapping[str, Reduce], *, tokens: Tokens, dtype: torch.dtype | None,
+                   reduces: Mapping[str, Reduce], *, pool: Tokens, dtype: torch.dtype | None,
                    positions: bool, axis: str = "token") -> dict[str, KeyTransform]:
     """The transform of every key of a dry run: its raw ``shapes``, which keys are token
-    ``layouts``, each layer's reduce; ``positions``: the batches mark their real positions, so
-    ``tokens=all`` gives one row per position.
+    ``layouts``, each layer's reduce, how ``pool`` pools the layouts' positions (the tokens
+    key); ``positions``: the batches mark their real positions, so ``all`` gives one row per
+    position.
 
     Raises:
         ConfigError: a reduce that would pool a token layout's features.
     """
     return {key: key_transform(key, shape, reduce=reduces[split_key(key)[0]], dtype=dtype,
-                               tokens=tokens if key in layouts else None, axis=axis,
-                               per_position=positions and tokens is Tokens.all)
+                               tokens=pool if key in layouts else None, axis=axis,
+                               per_position=positions)
             for key, shape in shapes.items()}
 
 

@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 
 from probe.build import build_dataset, build_model
 from probe.data import check_selection, select_indices
-from probe.dryrun import DryRun, dry_run
+from probe.dryrun import dry_run
 from probe.errors import ConfigError, OutputError
 from probe.families import Family, family_for
 from probe.feeds import Batching, Feed, OpenSelection, Selection, feed_for
@@ -153,7 +153,7 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     if objective_name == "target" and not with_target:
         raise ConfigError(
             "objective=target but the dataset has no targets; use objective=top1, or a dataset "
-            "with targets (items (input, target); for text, dataset.label_column)"
+            f"with targets ({feed.targets_hint})"
         )
     capture = Capture(model, settings.layers, settings.hooks, reduce=settings.reduce,
                       reduce_by_layer=settings.reduce_by_layer, dtype=settings.output.dtype,
@@ -162,15 +162,15 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     first = selection.shard_index if isinstance(selection, OpenSelection) else selection[0]
     shown = dry_run(capture, family, feed, feed.dry_batches(dataset, first), device, objective)
     dry_run_seconds = time.perf_counter() - started
-    capture.transforms = transforms_for(shown.shapes, shown.layouts, capture.reduces,
-                                        tokens=settings.tokens, dtype=settings.output.dtype,
-                                        positions=feed.positions, axis=shown.axis)
+    pool = settings.tokens
+    capture.transforms = transforms_for(shown.shapes, shown.layouts, capture.reduces, pool=pool,
+                                        dtype=settings.output.dtype, positions=feed.positions,
+                                        axis=shown.axis)
     capture.arm()  # the dry run counted every hooked module's runs
-    datasets = _specs(capture, shown)
-    if any(spec.per_position for spec in datasets.values()) or feed.positions:
-        datasets.update(feed.bookkeeping(dataset))
-    else:
-        datasets.update({k: s for k, s in feed.bookkeeping(dataset).items() if not s.per_position})
+    if pool.name != "all" and not shown.layouts:
+        log.warning("%s=%s has no effect: no stored output of this model has a position axis "
+                    "to pool", Attr.TOKENS, pool.name)
+    datasets = {**_specs(capture), **feed.bookkeeping(dataset)}
     if settings.skip_bad:
         datasets[SKIPPED] = DatasetSpec((), "int64", {Attr.DIMS: ["skipped"]},
                                         compressible=False)
@@ -199,7 +199,7 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
                 row_bytes=sample_bytes, dry_run_seconds=dry_run_seconds)
 
 
-def _specs(capture: Capture, shown: DryRun) -> dict[str, DatasetSpec]:
+def _specs(capture: Capture) -> dict[str, DatasetSpec]:
     """What the store creates for each key: its transform's rows, type and attrs."""
     specs = {}
     for key in capture.keys:
@@ -207,14 +207,11 @@ def _specs(capture: Capture, shown: DryRun) -> dict[str, DatasetSpec]:
         attrs = {**capture.attrs(key), Attr.DIMS: list(transform.dims)}
         specs[key] = DatasetSpec(transform.row_shape, str(capture.dtype).removeprefix("torch."),
                                  attrs, per_position=transform.per_position)
-    if not shown.layouts and capture.transforms and _asked_tokens(capture):
-        log.warning("tokens= has no effect here: no stored output of this model has a token "
-                    "axis")
     return specs
 
 
-def _asked_tokens(capture: Capture) -> bool:
-    return any(t.tokens is not None for t in capture.transforms.values())
+def _pools_positions(capture: Capture) -> bool:
+    return any(t.pool is not None for t in capture.transforms.values())
 
 
 def _selection(settings: Settings, dataset) -> Selection:
@@ -228,10 +225,10 @@ def _selection(settings: Settings, dataset) -> Selection:
                               subset=settings.subset, seed=settings.seed)
     if settings.subset == "random":
         raise ConfigError("subset=random picks samples from the whole dataset, which one read "
-                          "as it comes cannot; use subset=first, or dataset.streaming=false")
+                          "as it comes cannot; use subset=first, or read it whole")
     if settings.skip_bad:
         raise ConfigError("dataset.on_error=skip is not supported for a dataset read as it "
-                          "comes; use dataset.streaming=false, or fix the samples")
+                          "comes; read it whole, or fix the samples")
     check_selection(settings.limit, settings.shard_index, settings.shard_count)
     return OpenSelection(settings.limit, settings.shard_index, settings.shard_count)
 
@@ -258,8 +255,8 @@ def _resume_point(found: FileState, selection: Selection,
 
 def _batching(settings: Settings, feed: Feed, device: torch.device) -> Batching:
     if settings.batch_tokens is not None and not feed.positions:
-        raise ConfigError("batch_tokens is a budget of tokens per batch, for sequences "
-                          "(dataset=text); use batch_size for this dataset")
+        raise ConfigError("batch_tokens is a budget of padded positions per batch, for "
+                          "batches of sequences; use batch_size for this dataset")
     return Batching(settings.batch_size, settings.batch_tokens,
                     bucket=settings.bucket_by_length and feed.positions,
                     num_workers=settings.num_workers, pin_memory=device.type == "cuda",
@@ -309,6 +306,6 @@ def _root_attrs(settings: Settings, capture: Capture, objective_name: str | None
              Attr.SHARD_INDEX: settings.shard_index, Attr.SHARD_COUNT: settings.shard_count}
     if objective_name is not None:
         attrs[Attr.OBJECTIVE] = objective_name
-    if _asked_tokens(capture):
+    if _pools_positions(capture):
         attrs[Attr.TOKENS] = settings.tokens.name
     return attrs

@@ -30,7 +30,7 @@ from probe.partial import recover
 from probe.planner import Plan, plan
 from probe.store import Store
 from probe.units import human_bytes
-from probe.writer import BackgroundWriter
+from probe.writer import BackgroundWriter, WriteFailed
 
 __all__ = ["run", "execute", "StopRequest"]
 
@@ -65,7 +65,7 @@ class StopRequest:
 
 
 def execute(plan: Plan, *, stop: StopRequest | None = None) -> Path:
-    """Carry out a plan: stream every remaining row into the store; return the file's path.
+    """Carry out a plan: write every remaining row into the store; return the file's path.
 
     Raises:
         RunStopped: SIGINT, SIGTERM or ``stop`` ended the run at a batch boundary; the rows
@@ -130,10 +130,12 @@ def _write(plan: Plan, stop: StopRequest) -> Path:
             log.warning("%s", message)
             stop.hand_on(stop.signum, None)
         raise RunStopped(message, exit_code=128 + int(stop.signum)) from None
-    except (OSError, RuntimeError) as err:
-        if not _disk_full(err):
+    except (OSError, RuntimeError, WriteFailed) as err:
+        if _disk_full(err):
+            raise _disk_full_error(plan, store) from None
+        if not isinstance(err, WriteFailed):
             raise
-        raise _disk_full_error(plan, store) from None
+        raise _write_error(plan, store, err.__cause__) from None
     seconds = time.perf_counter() - started
     log.info("wrote %d rows (%s) in %.1f s: %.3g %s/s, %s/s, to %s",
              store.num_written - plan.resume_rows, human_bytes(store.bytes_written), seconds,
@@ -153,6 +155,13 @@ def _disk_full(err: BaseException | None) -> bool:
     return False
 
 
+def _write_error(plan: Plan, store: Store, err: BaseException) -> OutputError:
+    said = (str(err).strip().splitlines() or [""])[0]
+    return OutputError(f"writing {str(store.partial)!r} failed ({type(err).__name__}: {said}): "
+                       f"{store.num_committed} rows are saved there; once the cause is gone, run "
+                       "the same command again to continue")
+
+
 def _disk_full_error(plan: Plan, store: Store | None) -> OutputError:
     free = human_bytes(shutil.disk_usage(plan.path.parent).free)
     wrote = "" if store is None else f" after writing {human_bytes(store.bytes_written)}"
@@ -167,7 +176,7 @@ def _disk_full_error(plan: Plan, store: Store | None) -> OutputError:
 
 def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> int:
     """The main loop: one forward (and backward) per batch, captures handed to the writer.
-    Returns the units of progress (samples, or tokens) it computed."""
+    Returns the units of progress (samples, or positions) it computed."""
     model, capture, family, feed = plan.model, plan.capture, plan.family, plan.feed
     total = feed.units(plan.dataset, plan.selection)  # None where not known before the end
     done = (0 if total is None else

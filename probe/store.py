@@ -6,9 +6,8 @@ attr is updated and the file flushed); a later run with the same config resumes 
 datasets are created when the store opens, from the shapes the run's dry run found; names and
 attrs follow probe.format.
 
-A run may also store rows per position (a sample's tokens): the store then keeps ``offsets``
-(sample i's rows are ``offsets[i]:offsets[i+1]``), and a sample counts as committed once all
-its rows are.
+A run may also store rows per position (the layout's ``/offsets`` then bound each sample's
+rows), and a sample counts as committed once all its rows are.
 """
 
 from __future__ import annotations
@@ -110,7 +109,7 @@ class Store:
     Example::
 
         specs = {"features.28/output": DatasetSpec((512, 14, 14), "float32")}
-        with Store(path, config_yaml=text, num_rows=64, datasets=specs) as store:
+        with Store(path, config_yaml=yaml, num_rows=64, datasets=specs) as store:
             store.append(index, target, {"features.28/output": tensor})
             store.commit()
             store.finish()   # complete=True, renamed from <path>.partial to <path>
@@ -144,10 +143,10 @@ class Store:
         self._file = open_for_writing(self.partial, locking, **cache)
         self.num_committed = self.num_written = resume_from
         self.bytes_written = 0  # by this store, for the progress bar
-        # with rows per position: the offsets of the samples written so far (num_written + 1 of
+        # with rows per position: the bounds of the samples written so far (num_written + 1 of
         # them), in a buffer that doubles when full: a copy per batch would cost the square of
         # a run
-        self._offset_buffer, self._offset_count = np.zeros(1024, dtype=np.int64), 1
+        self._bound_buffer, self._bound_count = np.zeros(1024, dtype=np.int64), 1
         # compressed dataset -> (first row, rows) waiting for their chunk to fill
         self._pending: dict[str, tuple[int, np.ndarray]] = {}
         try:
@@ -206,14 +205,14 @@ class Store:
             self._create_dataset(f, name, spec)
         if self.per_position:
             # N + 1 boundaries: sample i's rows lie between the i-th and the next
-            offsets = self._create_dataset(f, OFFSETS, DatasetSpec(
+            bounds = self._create_dataset(f, OFFSETS, DatasetSpec(
                 (), "int64", {Attr.DIMS: ["boundary"]}, compressible=False))
-            _append_rows(offsets, 0, 1, np.zeros(1, dtype=np.int64))
+            _append_rows(bounds, 0, 1, np.zeros(1, dtype=np.int64))
 
     def _create_dataset(self, f: h5py.File, name: str, spec: DatasetSpec) -> h5py.Dataset:
         dtype = np.dtype(spec.stored_dtype)
         options = self.filter if spec.compressible else {}
-        if not options and dtype.kind != "O":  # HDF5 fills text (variable length) as it must
+        if not options and dtype.kind != "O":  # variable-length strings HDF5 fills as it must
             # without a fill value to write first, HDF5 may write a new chunk directly (no cache);
             # every row is written before it is read, so the fill value would never be seen
             options = {"fill_time": "never"}
@@ -229,35 +228,36 @@ class Store:
 
     def _truncate(self, rows: int, skipped: int) -> None:
         # rows past the last commit may be torn by the crash that ended the previous attempt
-        if OFFSETS in self._file:
-            self._offset_count = 0
-            self._extend_offsets(self._file[OFFSETS][: rows + 1])
+        bounds = self._file.get(OFFSETS)
+        if bounds is not None:
+            self._bound_count = 0
+            self._extend_bounds(bounds[: rows + 1])
         for name in dataset_names(self._file):
             dataset = self._file[name]
-            if name == OFFSETS:
+            if dataset == bounds:
                 dataset.resize(rows + 1, axis=0)
             elif name == SKIPPED:
                 dataset.resize(skipped, axis=0)
             else:
                 per_position = dataset.attrs.get(Attr.ROWS) == ROWS_PER_POSITION
-                dataset.resize(int(self._offsets[-1]) if per_position else rows, axis=0)
+                dataset.resize(int(self._bounds[-1]) if per_position else rows, axis=0)
 
     @property
-    def _offsets(self) -> np.ndarray:
-        return self._offset_buffer[:self._offset_count]
+    def _bounds(self) -> np.ndarray:
+        return self._bound_buffer[:self._bound_count]
 
-    def _extend_offsets(self, ends: np.ndarray) -> None:
-        need = self._offset_count + len(ends)
-        if need > len(self._offset_buffer):
-            grown = np.zeros(max(need, 2 * len(self._offset_buffer)), dtype=np.int64)
-            grown[:self._offset_count] = self._offsets
-            self._offset_buffer = grown
-        self._offset_buffer[self._offset_count:need] = ends
-        self._offset_count = need
+    def _extend_bounds(self, ends: np.ndarray) -> None:
+        need = self._bound_count + len(ends)
+        if need > len(self._bound_buffer):
+            grown = np.zeros(max(need, 2 * len(self._bound_buffer)), dtype=np.int64)
+            grown[:self._bound_count] = self._bounds
+            self._bound_buffer = grown
+        self._bound_buffer[self._bound_count:need] = ends
+        self._bound_count = need
 
     @property
     def positions_written(self) -> int:
-        return int(self._offsets[-1])
+        return int(self._bounds[-1])
 
     @property
     def per_position_keys(self) -> set[str]:
@@ -277,7 +277,7 @@ class Store:
         if self.per_position:
             ends = position_start + np.cumsum(np.asarray(lengths, dtype=np.int64))
             _append_rows(self._file[OFFSETS], start + 1, stop + 1, ends)
-            self._extend_offsets(ends)
+            self._extend_bounds(ends)
         for key, value in values.items():
             first, total = ((position_start, self.num_positions) if key in self._per_position
                             else (start, self.num_rows))
@@ -318,7 +318,7 @@ class Store:
         durable = self.num_written
         for key, (first, _) in self._pending.items():
             if key in self._per_position:  # the samples whose rows all lie before `first`
-                first = int(np.searchsorted(self._offsets, first, side="right")) - 1
+                first = int(np.searchsorted(self._bounds, first, side="right")) - 1
             durable = min(durable, first)
         skipped = self._skipped_before(durable)
         # the rows and everything that leads to them first, then the counts that vouch for
@@ -369,7 +369,7 @@ class Store:
 
 
 def attr_value(value):
-    """A value as an HDF5 attr that plain h5py reads back: lists of text become variable-length
+    """A value as an HDF5 attr that plain h5py reads back: lists of strings become variable-length
     string arrays, str subclasses (torch.__version__) plain str."""
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return np.array(value, dtype=h5py.string_dtype())

@@ -17,11 +17,15 @@ import numpy as np
 
 from probe.store import Store, as_array
 
-__all__ = ["BackgroundWriter"]
+__all__ = ["BackgroundWriter", "WriteFailed"]
 
 log = logging.getLogger(__name__)
 
 _STOP = object()
+
+
+class WriteFailed(Exception):
+    """The writer thread's error (its ``__cause__``), raised in the thread that feeds it."""
 
 
 class BackgroundWriter:
@@ -85,7 +89,7 @@ class BackgroundWriter:
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
-            raise self._error
+            raise WriteFailed(str(self._error)) from self._error
 
     def _work(self) -> None:
         batches, last_commit, group = 0, time.monotonic(), []
@@ -127,7 +131,7 @@ def in_dataset_order(parts: list, per_position: set[str]) -> tuple:
     lengths = (None if parts[0][3] is None else
                np.concatenate([np.asarray(p[3]) for p in parts]))
     rows = None
-    if lengths is not None:  # where each sample's token rows go: its block, in the new order
+    if lengths is not None:  # where each sample's rows go: its block, in the new order
         starts = np.cumsum(lengths) - lengths
         moved = lengths[order]
         rows = np.arange(int(moved.sum())) + np.repeat(starts[order] - (np.cumsum(moved) - moved),

@@ -96,3 +96,44 @@ def test_python_defaults_are_the_commands_defaults(function, schema):
     shared = [p for p in signature.parameters.values() if p.name in defaults
               and p.default is not inspect.Parameter.empty]
     assert shared and all(p.default == defaults[p.name] for p in shared)
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    # what a module imports when it is imported (not inside functions, not for type checking)
+    found: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_the_import_graph_has_no_cycles():
+    modules = {_module(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: {m for m in _top_level_imports(path) if m in modules and m != name}
+             for name, path in modules.items()}
+
+    def cycle_from(start, seen=()):
+        for nxt in graph[start]:
+            if nxt in seen:
+                return [*seen[seen.index(nxt):], nxt]
+            found = cycle_from(nxt, (*seen, nxt))
+            if found:
+                return found
+        return None
+
+    cycles = [c for c in (cycle_from(m, (m,)) for m in sorted(graph)) if c]
+    assert not cycles, " -> ".join(cycles[0])
+
+
+@pytest.mark.parametrize("module, allowed", [
+    ("store", {"probe.errors", "probe.format", "probe.partial", "probe.version"}),
+    ("format", {"probe.errors"}),
+    ("partial", set()),
+])
+def test_the_store_and_the_file_format_import_nothing_above_them(module, allowed):
+    imported = {m.rsplit(".", 1)[0] if m.rsplit(".", 1)[0] in allowed else m
+                for m in _top_level_imports(PACKAGE / f"{module}.py") if m.startswith("probe")}
+    assert imported <= allowed, imported - allowed

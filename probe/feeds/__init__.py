@@ -130,6 +130,7 @@ class Feed(Protocol):
     # that an output with a token axis can give one row per position
     positions: bool
     hint: str  # what to check when the model fails on the dry run
+    targets_hint: str  # how a dataset of this kind has targets (for objective=target)
 
     def has_targets(self, dataset: Dataset) -> bool:
         """Whether the dataset's samples have targets (stored as /target)."""

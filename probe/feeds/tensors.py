@@ -30,6 +30,7 @@ class TensorFeed:
     unit = "sample"
     positions = False
     hint = "a dataset.image_size too small for it?"
+    targets_hint = "items (input, target)"
 
     def has_targets(self, dataset: Dataset) -> bool:
         return split_item(dataset[0])[1] is not None

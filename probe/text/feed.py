@@ -52,6 +52,7 @@ class TextFeed:
     unit = "tok"
     positions = True
     hint = "a dataset.max_length beyond the model's positions?"
+    targets_hint = "dataset.label_column, a column of integer labels"
 
     def has_targets(self, dataset: Sequences) -> bool:
         return dataset.label_column is not None
