@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 from probe.build import build_dataset, build_model
 from probe.data import check_selection, select_indices
 from probe.dryrun import dry_run
-from probe.errors import ConfigError, OutputError
+from probe.errors import ConfigError, DataError, OutputError
 from probe.families import Family, family_for
 from probe.feeds import Batching, Feed, OpenSelection, Selection, feed_for
 from probe.fingerprint import (
@@ -159,8 +159,8 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
                       reduce_by_layer=settings.reduce_by_layer, dtype=settings.output.dtype,
                       stop_early=settings.stop_early)
     started = time.perf_counter()
-    first = selection.shard_index if isinstance(selection, OpenSelection) else selection[0]
-    shown = dry_run(capture, family, feed, feed.dry_batches(dataset, first), device, objective)
+    batches = _dry_batches(feed, dataset, selection, settings.skip_bad)
+    shown = dry_run(capture, family, feed, batches, device, objective)
     dry_run_seconds = time.perf_counter() - started
     pool = settings.tokens
     capture.transforms = transforms_for(shown.shapes, shown.layouts, capture.reduces, pool=pool,
@@ -212,6 +212,21 @@ def _specs(capture: Capture) -> dict[str, DatasetSpec]:
 
 def _pools_positions(capture: Capture) -> bool:
     return any(t.pool is not None for t in capture.transforms.values())
+
+
+def _dry_batches(feed: Feed, dataset: Dataset, selection: Selection, skip_bad: bool) -> list:
+    """The dry run's batches, of the first sample of the selection that loads (with
+    dataset.on_error=skip, of the first that loads among the first hundred)."""
+    if isinstance(selection, OpenSelection):
+        return feed.dry_batches(dataset, selection.shard_index)
+    candidates = selection[:100 if skip_bad else 1]
+    for n, index in enumerate(candidates):
+        try:
+            return feed.dry_batches(dataset, index)
+        except DataError:
+            if n == len(candidates) - 1:
+                raise
+    raise AssertionError("a selection is never empty")
 
 
 def _selection(settings: Settings, dataset) -> Selection:

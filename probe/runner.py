@@ -185,7 +185,7 @@ def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> in
     with tqdm(total=total, initial=done, unit=feed.unit, unit_scale=True, dynamic_ncols=True,
               mininterval=1.0, desc="probe") as bar:
         for batch in loader:
-            values, lengths = {}, None
+            values, lengths = {}, batch.lengths  # an empty batch's: none, or zero rows each
             if len(batch):  # every sample of it may have been left out (dataset.on_error=skip)
                 layout = family.token_layout(model, batch)
                 on_device = batch.to(plan.device)

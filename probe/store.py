@@ -274,7 +274,7 @@ class Store:
         if self.num_rows is not None and stop > self.num_rows:
             raise ValueError(f"{stop} rows would exceed the run's {self.num_rows}")
         position_start = self.positions_written
-        if self.per_position:
+        if self.per_position and len(index):
             ends = position_start + np.cumsum(np.asarray(lengths, dtype=np.int64))
             _append_rows(self._file[OFFSETS], start + 1, stop + 1, ends)
             self._extend_bounds(ends)

@@ -22,10 +22,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from probe.errors import DataError, ProbeError
 from probe.format import DatasetSpec
 
 __all__ = ["Feed", "Batch", "Batching", "OpenSelection", "Selection", "feed_for",
-           "batch_loader", "leave_stop_signals_to_the_run"]
+           "batch_loader", "bad_sample", "leave_stop_signals_to_the_run"]
 
 
 @dataclass
@@ -43,6 +44,9 @@ class Batch:
     sample_rows: dict[str, np.ndarray] = field(default_factory=dict)
     # dataset indices of samples left out by dataset.on_error=skip while making this batch
     skipped: list[int] = field(default_factory=list)
+    # why a sample of it could not be loaded (made in a loader worker, raised by the feed's
+    # loader in the run's own process, as one line)
+    failure: str | None = None
     # whether this batch ends a group of batches whose rows are stored together, in dataset
     # order (probe.feeds.buckets); a batch in dataset order is a group of its own
     ends_group: bool = True
@@ -176,14 +180,33 @@ def feed_for(dataset: Dataset) -> Feed:
 
 
 def batch_loader(rows: Dataset, collate, batch_size: int = 1, num_workers: int = 0,
-                 pin_memory: bool = False, batch_sampler=None) -> DataLoader:
-    """A DataLoader over ``rows`` in order (or in ``batch_sampler``'s batches), whose workers
-    leave stop signals to the run."""
+                 pin_memory: bool = False, batch_sampler=None) -> Iterable[Batch]:
+    """The batches of a DataLoader over ``rows`` in order (or in ``batch_sampler``'s
+    batches), whose workers leave stop signals to the run; a batch's ``failure`` is raised
+    here as a DataError."""
     sizing = ({"batch_sampler": batch_sampler} if batch_sampler is not None else
               {"batch_size": batch_size, "shuffle": False})
-    return DataLoader(rows, num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,
-                      persistent_workers=False, worker_init_fn=leave_stop_signals_to_the_run,
-                      **sizing)
+    loader = DataLoader(rows, num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,
+                        persistent_workers=False, worker_init_fn=leave_stop_signals_to_the_run,
+                        **sizing)
+    return _raising(loader)
+
+
+def _raising(loader: DataLoader) -> Iterable[Batch]:
+    for batch in loader:
+        if batch.failure is not None:
+            raise DataError(batch.failure)
+        yield batch
+
+
+def bad_sample(index: int, err: BaseException, where: str = "") -> str:
+    """The line that says sample ``index`` (of ``where``: its file, its line) failed."""
+    text = str(err).strip()
+    said = f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+    if isinstance(err, ProbeError):
+        said = text
+    return (f"dataset sample {index}{f' ({where})' if where else ''} cannot be loaded ({said});"
+            " fix or remove it, or set dataset.on_error=skip to leave such samples out")
 
 
 def leave_stop_signals_to_the_run(worker_id: int) -> None:

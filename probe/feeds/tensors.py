@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import Dataset
 
 from probe.errors import ConfigError, DataError
-from probe.feeds import Batch, Batching, Selection, batch_loader
+from probe.feeds import Batch, Batching, Selection, bad_sample, batch_loader
 from probe.format import FILE, Attr, DatasetSpec
 
 __all__ = ["TensorFeed", "split_item", "sample_files"]
@@ -44,7 +44,10 @@ class TensorFeed:
 
     def dry_batches(self, dataset: Dataset, index: int) -> list[Batch]:
         rows = _Rows(dataset, [index])
-        return [rows.collate([rows[0]])]
+        batch = rows.collate([rows[0]])
+        if batch.failure is not None:
+            raise DataError(batch.failure)
+        return [batch]
 
     def stored_positions(self, dataset: Dataset, selection: Selection) -> None:
         return None
@@ -126,17 +129,18 @@ class _Rows(Dataset):
         except ConfigError:
             raise
         except Exception as err:  # the dataset's own code failed on this sample
-            said = _first_line(err)
-            where = f"dataset sample {index}" + (f" ({self.files[index]})" if self.files else "")
-            if not self.skip_bad:
-                raise DataError(f"{where} cannot be loaded ({said}); fix or remove it, or set "
-                                "dataset.on_error=skip to leave such samples out") from None
-            log.warning("leaving out %s: %s", where, said)
-            return index, None, None
+            said = bad_sample(index, err, self.files[index] if self.files else "")
+            if self.skip_bad:
+                log.warning("left out (dataset.on_error=skip): %s", said.split(";")[0])
+            return index, None, said
         return index, inputs, -1 if target is None else target
 
-    def collate(self, rows: list[tuple[int, torch.Tensor | None, int | None]]) -> Batch:
-        skipped = [index for index, inputs, _ in rows if inputs is None]
+    def collate(self, rows: list[tuple[int, torch.Tensor | None, int | str]]) -> Batch:
+        bad = [(index, said) for index, inputs, said in rows if inputs is None]
+        if bad and not self.skip_bad:  # raised by the loader, in the run's process
+            return Batch(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64),
+                         torch.empty(0), failure=bad[0][1])
+        skipped = [index for index, _ in bad]
         rows = [row for row in rows if row[1] is not None]
         index = torch.tensor([row[0] for row in rows], dtype=torch.int64)
         target = torch.tensor([row[2] for row in rows], dtype=torch.int64)
@@ -144,8 +148,3 @@ class _Rows(Dataset):
         sample_rows = ({} if self.files is None else
                        {FILE: np.array([self.files[i] for i in index.tolist()], dtype=object)})
         return Batch(index, target, inputs, sample_rows=sample_rows, skipped=skipped)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__

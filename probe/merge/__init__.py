@@ -53,13 +53,13 @@ def merge(out: str | Path, shards: Sequence[str | Path], *, copy: bool = False,
     """
     out = Path(out).absolute()
     infos = sorted((_read_shard(Path(s)) for s in shards), key=lambda info: info["index"])
-    _check_shards(infos)
+    interleaved = _check_shards(infos)
     if out.exists() and not overwrite:
         raise OutputError(f"{str(out)!r} exists; choose another -o or pass --overwrite")
     tmp = partial_path(out)
     try:
         with h5py.File(tmp, "w") as f:
-            _write_merged(f, infos, out.parent, copy)
+            _write_merged(f, infos, out.parent, copy, interleaved)
         os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -89,7 +89,8 @@ def _read_shard(path: Path) -> dict:
             "count": int(state.attrs[Attr.SHARD_COUNT])}
 
 
-def _check_shards(infos: list[dict]) -> None:
+def _check_shards(infos: list[dict]) -> bool:
+    """Refuse shards that are not one run's; whether their rows interleave into it."""
     if not infos:
         raise OutputError("no shard files given")
     first = infos[0]
@@ -113,23 +114,28 @@ def _check_shards(infos: list[dict]) -> None:
     missing = sorted(set(range(count)) - set(seen))
     if missing:
         raise OutputError(f"shard(s) {missing} of {count} are missing; pass every shard file")
+    # shard k holds rows k, k + count, ... of the run's samples, which are in dataset order;
+    # where shards left samples out (dataset.on_error=skip), their rows go shard after shard
     sizes = [info["rows"] for info in infos]
-    if max(sizes) - min(sizes) > 1 or sizes != sorted(sizes, reverse=True):
-        raise OutputError(f"the shards' row counts {sizes} do not tile one run")
-    # shard k holds rows k, k + count, ... of the run's samples, which are in dataset order
+    tiled = max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
     merged = np.empty(sum(sizes), dtype=np.int64)
-    for info in infos:
-        merged[info["index"]::count] = info["index_rows"]
-    if len(merged) > 1 and not (np.diff(merged) > 0).all():
-        raise OutputError(f"the shards' rows do not interleave into one run's (dataset order): "
+    if tiled:
+        for info in infos:
+            merged[info["index"]::count] = info["index_rows"]
+    interleaved = tiled and (len(merged) < 2 or bool((np.diff(merged) > 0).all()))
+    if not interleaved and not any(SKIPPED in info["datasets"] for info in infos):
+        raise OutputError(f"the shards' row counts {sizes} do not tile one run" if not tiled else
+                          "the shards' rows do not interleave into one run's (dataset order): "
                           f"is every shard of the same {count}-way split?")
+    return interleaved
 
 
-def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool) -> None:
+def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool,
+                  interleaved: bool) -> None:
     total = sum(info["rows"] for info in infos)
     # Rows per token (text runs): shard after shard. Interleaving documents of many lengths would
     # take one virtual mapping per document; this way each dataset maps one block per shard.
-    by_shard = OFFSETS in infos[0]["datasets"]
+    by_shard = OFFSETS in infos[0]["datasets"] or not interleaved
     attrs = dict(infos[0]["attrs"])
     config = dict(infos[0]["config"])
     config["shard"] = {"index": 0, "count": 1}

@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import Dataset
 
 from probe.errors import ConfigError, DataError
-from probe.feeds import OpenSelection
+from probe.feeds import OpenSelection, bad_sample
 from probe.text.feed import TextFeed
 from probe.text.stream import pack, stream_items
 
@@ -89,6 +89,7 @@ class TextDataset(Dataset):
             self.labels = _labels(np.asarray(self.rows[self.label_column]), self.label_column)
         self.special = np.asarray(sorted(self.tokenizer.all_special_ids), dtype=np.int64)
         self.truncated: set[int] = set()
+        self.bad: dict[int, str] = {}  # document -> why it cannot be read (its text is no text)
         self._ids: dict[int, np.ndarray] = {}  # document -> token ids, tokenized on demand
         self._packed: list[dict] | None = None
         if self.packing and not self.streaming:
@@ -111,7 +112,10 @@ class TextDataset(Dataset):
         if self.packing:
             return self._packed[index]
         target = -1 if self.labels is None else int(self.labels[index])
-        return self.item(self.tokens([index])[0], target, None)
+        ids = self.tokens([index])[0]
+        if index in self.bad:
+            raise DataError(self.bad[index])
+        return self.item(ids, target, None)
 
     def item(self, ids: np.ndarray, target: int, document: np.ndarray | None) -> dict:
         """A sample from its token ids: which positions are stored, its target, documents."""
@@ -122,7 +126,14 @@ class TextDataset(Dataset):
 
     def tokenize(self, texts: list[str], indices: list[int]) -> list[np.ndarray]:
         """The token ids of documents, special tokens included, truncated to max_length (and
-        their ``indices`` noted in ``truncated``)."""
+        their ``indices`` noted in ``truncated``).
+
+        Raises:
+            DataError: a document whose text is not a string (null, a number), naming it.
+        """
+        for text, index in zip(texts, indices, strict=True):
+            if not isinstance(text, str):
+                raise DataError(self._not_text(index, text))
         ids = self.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
         long = [n for n, row in enumerate(ids) if len(row) > self.max_length]
         if long:  # again with the tokenizer's own truncation, which keeps end tokens
@@ -134,13 +145,26 @@ class TextDataset(Dataset):
         return [np.asarray(row, dtype=np.int32) for row in ids]
 
     def tokens(self, indices: list[int]) -> list[np.ndarray]:
-        """The token ids of documents ``indices``, tokenizing those not seen yet."""
+        """The token ids of documents ``indices``, tokenizing those not seen yet. A document
+        whose text is not a string has no ids; loading it raises what ``bad`` says."""
         todo = [i for i in dict.fromkeys(indices) if i not in self._ids]
         for start in range(0, len(todo), _TOKENIZE_BATCH):
             batch = todo[start:start + _TOKENIZE_BATCH]
-            self._ids.update(zip(batch, self.tokenize(self.rows[batch][self.column], batch),
-                                 strict=True))
+            texts = self.rows[batch][self.column]
+            good = [(i, text) for i, text in zip(batch, texts, strict=True)
+                    if isinstance(text, str)]
+            for i, text in zip(batch, texts, strict=True):
+                if not isinstance(text, str):
+                    self.bad[i] = self._not_text(i, text)
+                    self._ids[i] = np.zeros(0, dtype=np.int32)
+            if good:
+                ids = self.tokenize([t for _, t in good], [i for i, _ in good])
+                self._ids.update(zip([i for i, _ in good], ids, strict=True))
         return [self._ids[i] for i in indices]
+
+    def _not_text(self, index: int, value) -> str:
+        return bad_sample(index, ValueError(f"its {self.column!r} is {value!r}, not text"),
+                          f"row {index} of {self.source}")
 
     def separator(self) -> int:
         """The token that packing puts after each document.
@@ -223,10 +247,20 @@ def _load(files: list[Path], name: str | None, split: str, streaming: bool):
     import datasets
 
     datasets.disable_progress_bars()
+    # its own log line for a file it cannot parse would repeat the error probe reports
+    datasets.utils.logging.set_verbosity(logging.CRITICAL)
     if files:
         builder = _BUILDERS[files[0].suffix]
-        rows = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train",
-                                     streaming=streaming)
+        if not any(f.stat().st_size for f in files):
+            raise DataError(f"dataset.path={_shown(files)}: holds no documents (empty)")
+        try:
+            rows = datasets.load_dataset(builder, data_files=[str(f) for f in files],
+                                         split="train", streaming=streaming)
+        except datasets.exceptions.DatasetGenerationError as err:
+            cause = err.__cause__ or err
+            first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+            raise DataError(f"dataset.path={_shown(files)} cannot be read as {builder} "
+                            f"({first}); fix the file, or leave it out") from None
         if builder == "text":  # one document per line: blank lines are not documents
             rows = rows.filter(lambda row: bool(row["text"].strip()))
         return rows
@@ -239,6 +273,10 @@ def _load(files: list[Path], name: str | None, split: str, streaming: bool):
         first = str(err).strip().splitlines()[0]
         raise DataError(f"dataset.name={name!r}, split={split!r}: cannot load it ({first}); "
                         "offline, only datasets already in the Hugging Face cache load") from None
+
+
+def _shown(files: list[Path]) -> str:
+    return repr(str(files[0])) + (f" (and {len(files) - 1} more files)" if len(files) > 1 else "")
 
 
 def _columns(rows) -> list[str]:
