@@ -33,7 +33,7 @@ class CompareConfig:
     # cpu | cuda | cuda:N | mps | auto: where the sums are made (float64)
     device: str = "cpu"
     # MiB for the blocks of rows and the sums held at once; the file may be any larger
-    memory_mb: float = 1024
+    memory_mb: float = 2048
     # cka: auto | features (D x D sums per key) | gram (N x N Gram blocks); auto picks by width
     accumulate: str = "auto"
     # also draw similarity.png (needs matplotlib)

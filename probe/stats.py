@@ -22,12 +22,13 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
+from probe.device import resolve_device
 from probe.errors import ConfigError, DataError
 from probe.format import HOOK_OF_KIND, Attr, split_key
 from probe.read import FeatureFile
 
 __all__ = ["select_keys", "model_order", "match_index", "AlignedRows", "read_rows",
-           "row_width", "blocks_of", "budget_bytes", "MIB"]
+           "row_width", "blocks_of", "budget_bytes", "analysis_device", "MIB"]
 
 MIB = 1 << 20
 # float64 copies of a block, plus the float32 rows they came from and a span read around them
@@ -188,6 +189,19 @@ def blocks_of(positions: int, rows: int) -> Iterator[tuple[int, int]]:
     """``(start, stop)`` ranges of ``rows`` positions (the last may be short)."""
     for start in range(0, positions, max(1, rows)):
         yield start, min(start + rows, positions)
+
+
+def analysis_device(spec: str) -> torch.device:
+    """``resolve_device(spec)`` for the analyses, whose sums are float64 (which MPS lacks).
+
+    Raises:
+        ConfigError: not a device name, or mps.
+        DeviceError: the device is not available here.
+    """
+    device = resolve_device(spec)
+    if device.type == "mps":
+        raise ConfigError("device=mps has no float64, which these sums need; use cpu or cuda")
+    return device
 
 
 def budget_bytes(memory_mb: float, *, option: str = "memory_mb") -> int:

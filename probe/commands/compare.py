@@ -12,7 +12,7 @@ from probe.commands import exit_on_user_error, hydra_command
 from probe.commands.fit import _check_writable
 from probe.errors import ConfigError
 
-__all__ = ["main"]
+__all__ = ["main", "have_matplotlib", "listed"]
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +28,14 @@ def _compare(cfg: DictConfig) -> None:
                           f"metric={cfg.metric}; add metric=rsa, or leave save_rdms out")
     out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg.file)
     _check_writable(out_dir)
-    result = compare(cfg.file, cfg.other, _listed(cfg["keys"]), _listed(cfg.other_keys),
+    result = compare(cfg.file, cfg.other, listed(cfg["keys"]), listed(cfg.other_keys),
                      cfg.metric, rdm_samples=cfg.rdm_samples,
                      rdms=out_dir / "rdms.h5" if cfg.save_rdms else None, seed=cfg.seed,
                      device=cfg.device, memory_mb=cfg.memory_mb, accumulate=cfg.accumulate)
     written = [write_similarity(result, out_dir)]
     if "rdms" in result.notes:
         written.append(Path(result.notes["rdms"]))
-    if cfg.plot and _have_matplotlib():
+    if cfg.plot and have_matplotlib():
         from probe.plots import plot_similarity
 
         title = result.file.name + ("" if result.other is None else f" vs {result.other.name}")
@@ -50,13 +50,13 @@ def _compare(cfg: DictConfig) -> None:
         log.info("wrote %s", path)
 
 
-def _have_matplotlib() -> bool:
+def have_matplotlib() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def _listed(keys) -> list[str] | None:
+def listed(keys) -> list[str] | None:
     return None if keys is None else [str(key) for key in keys]
 
 

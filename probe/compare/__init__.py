@@ -27,10 +27,9 @@ from probe.compare.cka import cka_matrix
 from probe.compare.pairing import Pairing, pair_rows
 from probe.compare.rsa import rdm, spearman_matrix, subset, upper_ranks
 from probe.compare_config import CompareConfig as _Defaults
-from probe.device import resolve_device
 from probe.errors import ConfigError, OutputError
 from probe.read import FeatureFile, open_checked
-from probe.stats import AlignedRows, budget_bytes, select_keys
+from probe.stats import AlignedRows, analysis_device, budget_bytes, select_keys
 
 __all__ = ["compare", "Similarity", "write_similarity", "format_table", "default_out_dir",
            "METRICS", "COLUMNS"]
@@ -104,7 +103,7 @@ def compare(path: str | Path, other: str | Path | None = _Defaults.other,
     if rdm_samples is not None and int(rdm_samples) < 3:
         raise ConfigError(f"rdm_samples={rdm_samples} must be at least 3, or null for all")
     budget = budget_bytes(memory_mb)
-    torch_device = resolve_device(device)
+    torch_device = analysis_device(device)
     with open_checked(path) as fa:
         keys_a = select_keys(fa, keys)
         second = None if other is None else open_checked(other)
