@@ -161,7 +161,7 @@ def _rsa(reader: AlignedRows, left: list[str], right: list[str], pairing: Pairin
     triangle = 8 * n * (n - 1) // 2
     if 8 * n * n + 4 * triangle > budget:
         need = (8 * n * n + 4 * triangle) / (1 << 20)
-        raise ConfigError(f"an RDM of {n} samples needs about {need:.0f} MiB, more than "
+        raise ConfigError(f"an RDM of {n} samples needs about {need:.2g} MiB, more than "
                           f"memory_mb={notes['memory_mb']:g}; lower rdm_samples or raise "
                           "memory_mb")
     # the ranked triangles of as many keys as the budget holds beside one RDM; the others are

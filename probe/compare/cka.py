@@ -99,11 +99,16 @@ def plan(widths: dict[str, int], num_rows: int, budget: int, accumulate: str) ->
             name = sorted(too_wide)[0]
             need = 4 * 8 * widths[name] ** 2 / MIB
             raise ConfigError(f"accumulate=features needs a {widths[name]} x {widths[name]} "
-                              f"matrix for {name}, more than memory_mb allows (about "
+                              f"matrix for {_key(name)}, more than memory_mb allows (about "
                               f"{need:.0f} MiB); use accumulate=auto or gram, or a larger "
                               "memory_mb")
         return set()
     return too_wide | {name for name, d in widths.items() if d > num_rows}
+
+
+def _key(name: str) -> str:
+    # a source's name is "<side>:<key>" (probe.compare); users know the key
+    return name.partition(":")[2] or name
 
 
 def cka_matrix(reader: AlignedRows, left: Sequence[str], right: Sequence[str], *,
