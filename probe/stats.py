@@ -4,7 +4,7 @@ file in blocks of a memory budget, as float64 tensors on the analysis device.
 
     keys = select_keys(f, ["layer3", "fc/output"])   # "<layer>/<kind>"s, model order
     rows_a, rows_b = match_index(f.index, g.index)   # the samples both hold, in f's order
-    reader = AlignedRows({"a": f["fc/output"], "b": g["fc/output"]},
+    reader = AlignedRows({"a": (f, "fc/output"), "b": (g, "fc/output")},
                          {"a": rows_a, "b": rows_b}, device)
     for start, stop in reader.blocks(["a", "b"], budget_bytes):
         x = reader.read(start, stop, ["a", "b"])      # {"a": (B, Da), "b": (B, Db)}, aligned
@@ -131,27 +131,41 @@ def read_rows(dataset, rows: np.ndarray) -> np.ndarray:
 
 
 class AlignedRows:
-    """Several datasets whose rows ``rows[name][k]`` all hold sample k: read together, block
+    """Stored datasets whose rows ``rows[name][k]`` all hold sample k: read together, block
     by block, as float64 tensors of flattened rows on ``device``.
 
     Example::
 
-        reader = AlignedRows({"a": fa["fc/output"], "b": fb["fc/output"]},
+        reader = AlignedRows({"a": (fa, "fc/output"), "b": (fb, "fc/output")},
                              {"a": rows_a, "b": rows_b}, torch.device("cpu"))
         for start, stop in reader.blocks(["a", "b"], 64 << 20):
             block = reader.read(start, stop, ["a", "b"])
+
+    Each read opens its dataset afresh: an open h5py dataset keeps a chunk cache of its own,
+    which grows to a few chunks, for every key at once.
     """
 
-    def __init__(self, datasets: Mapping[str, object], rows: Mapping[str, np.ndarray],
-                 device: torch.device):
-        self.datasets, self.device = dict(datasets), device
-        self.rows = {name: np.asarray(rows[name], dtype=np.int64) for name in self.datasets}
+    def __init__(self, sources: Mapping[str, tuple[FeatureFile, str]],
+                 rows: Mapping[str, np.ndarray], device: torch.device):
+        self.sources, self.device = dict(sources), device
+        self.rows = {name: np.asarray(rows[name], dtype=np.int64) for name in self.sources}
         lengths = {len(r) for r in self.rows.values()}
         assert len(lengths) == 1, "every source needs one row per position"
         self.num_rows = lengths.pop()
+        self._widths = {name: row_width(self.dataset(name)) for name in self.sources}
+
+    def dataset(self, name: str):
+        """The source's dataset, opened now (close it by dropping it)."""
+        f, key = self.sources[name]
+        return f[key]
 
     def width(self, name: str) -> int:
-        return row_width(self.datasets[name])
+        return self._widths[name]
+
+    def subset(self, positions: np.ndarray) -> AlignedRows:
+        """The same sources at these positions only, in this order."""
+        return AlignedRows(self.sources, {name: rows[positions] for name, rows in
+                                          self.rows.items()}, self.device)
 
     def block_rows(self, names: Sequence[str], budget_bytes: int) -> int:
         """Rows per block such that a block of ``names`` takes about ``budget_bytes``."""
@@ -162,22 +176,15 @@ class AlignedRows:
         """``(start, stop)`` ranges of positions, each read within ``budget_bytes``: whole
         chunks of the first source where the budget holds at least one."""
         rows = self.block_rows(names, budget_bytes)
-        first = self.datasets[names[0]]
-        chunk = first.chunks[0] if getattr(first, "chunks", None) else 1
+        chunks = getattr(self.dataset(names[0]), "chunks", None)
+        chunk = chunks[0] if chunks else 1
         if rows >= chunk:
             rows -= rows % chunk
-        return [(start, min(start + rows, self.num_rows))
-                for start in range(0, self.num_rows, rows)]
+        return list(blocks_of(self.num_rows, rows))
 
     def read(self, start: int, stop: int, names: Sequence[str]) -> dict[str, torch.Tensor]:
         """The positions ``start:stop`` of each source in ``names``: (stop - start, width)."""
-        return {name: self._tensor(read_rows(self.datasets[name], self.rows[name][start:stop]))
-                for name in names}
-
-    def read_positions(self, positions: np.ndarray, names: Sequence[str]
-                       ) -> dict[str, torch.Tensor]:
-        """Any positions (a seeded subset, a fold): the rows they name, in that order."""
-        return {name: self._tensor(read_rows(self.datasets[name], self.rows[name][positions]))
+        return {name: self._tensor(read_rows(self.dataset(name), self.rows[name][start:stop]))
                 for name in names}
 
     def _tensor(self, values: np.ndarray) -> torch.Tensor:

@@ -136,12 +136,12 @@ def compare(path: str | Path, other: str | Path | None = _Defaults.other,
 
 def _reader(fa: FeatureFile, keys_a: list[str], fb: FeatureFile | None, keys_b: list[str],
             pairing: Pairing, device) -> AlignedRows:
-    datasets = {f"a:{k}": fa[k] for k in keys_a}
-    rows = dict.fromkeys(datasets, pairing.rows_a)
+    sources = {f"a:{k}": (fa, k) for k in keys_a}
+    rows = dict.fromkeys(sources, pairing.rows_a)
     if fb is not None:
-        datasets.update({f"b:{k}": fb[k] for k in keys_b})
+        sources.update({f"b:{k}": (fb, k) for k in keys_b})
         rows.update(dict.fromkeys((f"b:{k}" for k in keys_b), pairing.rows_b))
-    return AlignedRows(datasets, rows, device)
+    return AlignedRows(sources, rows, device)
 
 
 def _rsa(reader: AlignedRows, left: list[str], right: list[str], pairing: Pairing,
@@ -155,8 +155,7 @@ def _rsa(reader: AlignedRows, left: list[str], right: list[str], pairing: Pairin
         log.info("rsa: RDMs of %d of the %d %s, drawn with seed=%d (rdm_samples=%d)",
                  len(positions), reader.num_rows, "token rows" if pairing.per_token else
                  "samples", seed, rdm_samples)
-    sub = AlignedRows(reader.datasets, {name: rows[positions] for name, rows in
-                                        reader.rows.items()}, reader.device)
+    sub = reader.subset(positions)
     n = len(positions)
     triangle = 8 * n * (n - 1) // 2
     if 8 * n * n + 4 * triangle > budget:

@@ -29,6 +29,7 @@ from probe.encode.ridge import (
     check_folds,
     deal_folds,
     have_himalaya,
+    himalaya_bytes,
     solve_in_memory,
     solve_streamed,
     stats_bytes,
@@ -123,13 +124,14 @@ def _checked_alphas(alphas) -> list[float]:
 def _encode_key(f: FeatureFile, key: str, target: Targets, fold_of: np.ndarray,
                 alphas: list[float], max_features: int, seed: int, device: torch.device,
                 budget: int, solver: str) -> dict:
-    reader = AlignedRows({key: f[key]}, {key: np.arange(f.num_rows)}, device)
+    reader = AlignedRows({key: (f, key)}, {key: np.arange(f.num_rows)}, device)
     width = reader.width(key)
     projection = (SparseProjection(width, max_features, seed, device)
                   if width > max_features else None)
     features = projection.components if projection else width
     n, columns = f.num_rows, target.num_columns
-    in_memory = 4 * 8 * n * (features + columns) <= budget and have_himalaya()
+    in_memory = himalaya_bytes(n, features, columns, int(fold_of.max()) + 1) <= budget and \
+        have_himalaya()
     use = solver if solver != "auto" else ("himalaya" if in_memory else "streamed")
     index = f.index
     # blocks of raw rows, their float64 copy and projection, and the targets' rows
@@ -164,7 +166,7 @@ def _streamed(reader: AlignedRows, key: str, target: Targets, index: np.ndarray,
     if stats_bytes(k, features, 1) > budget // 2:
         need = stats_bytes(k, features, 1) * 2 / (1 << 20)
         raise ConfigError(f"the streamed ridge of {key} ({features} features, {k} folds) needs "
-                          f"about {need:.0f} MiB; raise memory_mb or lower max_features")
+                          f"about {need:.2g} MiB; raise memory_mb or lower max_features")
     columns = target.num_columns
     per_batch = columns
     while per_batch > 1 and stats_bytes(k, features, per_batch) > budget // 2:

@@ -27,7 +27,7 @@ import torch
 from probe.errors import ConfigError
 
 __all__ = ["deal_folds", "FoldSums", "FoldAccumulator", "solve_streamed", "solve_in_memory",
-           "pearson_columns", "have_himalaya", "check_folds", "stats_bytes"]
+           "pearson_columns", "have_himalaya", "himalaya_bytes", "check_folds", "stats_bytes"]
 
 
 def deal_folds(num_rows: int, folds: int, seed: int) -> np.ndarray:
@@ -212,16 +212,23 @@ def solve_in_memory(x: torch.Tensor, y: np.ndarray, fold_of: np.ndarray,
                 positions = np.arange(len(train))
                 inner = [(np.setdiff1d(positions, positions[a:b]), positions[a:b])
                          for a, b in zip(starts[:-1], starts[1:], strict=True)]
+                # one alpha at a time: its (validation x training rows) matrix is the largest
                 model = RidgeCV(alphas=np.asarray(alphas, dtype=np.float64), fit_intercept=True,
-                                cv=inner, solver_params={"warn": False})
+                                cv=inner, solver_params={"warn": False, "n_alphas_batch": 1})
                 model.fit(x[torch.as_tensor(train, device=x.device)], y[train])
                 test = torch.as_tensor(members[f], device=x.device)
                 prediction = np.asarray(backend.to_numpy(model.predict(x[test])))
                 r[f] = pearson_columns(prediction.reshape(len(members[f]), -1), y[members[f]])
-                chosen[f] = np.asarray(backend.to_numpy(model.best_alphas_))
+                chosen[f] = _on_grid(np.asarray(backend.to_numpy(model.best_alphas_)), alphas)
     finally:
         set_backend(previous)
     return r, chosen
+
+
+def _on_grid(found: np.ndarray, alphas: list[float]) -> np.ndarray:
+    # himalaya returns exp(-log(alpha)), a rounding away from the value given
+    grid = np.asarray(alphas, dtype=np.float64)
+    return grid[np.abs(np.log(found)[:, None] - np.log(grid)[None, :]).argmin(1)]
 
 
 def check_folds(folds: int, num_rows: int) -> None:
@@ -232,6 +239,16 @@ def check_folds(folds: int, num_rows: int) -> None:
     if num_rows < 2 * int(folds):
         raise ConfigError(f"folds={folds} needs at least {2 * int(folds)} rows (two per fold "
                           f"for a correlation), and the file has {num_rows}")
+
+
+def himalaya_bytes(rows: int, features: int, columns: int, folds: int) -> int:
+    """About the most memory ``solve_in_memory`` holds (float64): the rows and their centred
+    copies, and for one inner split and one alpha the SVD of the training rows, the
+    resolution matrix and its (validation x training rows) product."""
+    train = rows * (folds - 2) // folds
+    held = rows // folds + 1
+    return 8 * (3 * rows * (features + columns) + train * min(train, features)
+                + 2 * features * train + held * train + held * columns)
 
 
 def stats_bytes(folds: int, features: int, columns: int) -> int:
