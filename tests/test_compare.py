@@ -23,7 +23,7 @@ from probe.config import CONFIG_DIR
 from probe.errors import ConfigError, DataError
 from probe.format import DatasetSpec
 from probe.store import Store
-from tests.conftest import REPO, TINY_NET, compose_cfg, error_line, run_cli
+from tests.conftest import REPO, TINY_NET, compose_cfg, run_cli
 
 LAYERS = ["features.1", "features.3", "pool", "fc"]
 KEYS = [f"{layer}/output" for layer in LAYERS]
@@ -68,9 +68,23 @@ def _rows(path, key):
 # --- independent references, on whole matrices in memory ------------------------------------
 
 def cka_reference(x, y):
-    """Kornblith et al. (2019): ||Ycᵀ Xc||_F² / (||Xcᵀ Xc||_F ||Ycᵀ Yc||_F)."""
-    x, y = x - x.mean(0), y - y.mean(0)
-    return np.linalg.norm(y.T @ x) ** 2 / (np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y))
+    """Kornblith et al. (2019), eq. 3-4: HSIC(K, L) = tr(KHLH), normalised, on the n x n
+    linear kernels (cheaper than Dx x Dy for these wide, short matrices)."""
+    n = len(x)
+    h = np.eye(n) - 1 / n
+    k, m = h @ x @ x.T @ h, h @ y @ y.T @ h
+    return np.sum(k * m) / (np.linalg.norm(k) * np.linalg.norm(m))
+
+
+def test_the_two_forms_of_the_cka_reference_agree():
+    # ||Ycᵀ Xc||_F² / (||Xcᵀ Xc||_F ||Ycᵀ Yc||_F), the feature-space form of the same value
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(30, 5)), rng.normal(size=(30, 8))
+    y[:, :5] += x
+    xc, yc = x - x.mean(0), y - y.mean(0)
+    features = np.linalg.norm(yc.T @ xc) ** 2 / (np.linalg.norm(xc.T @ xc)
+                                                 * np.linalg.norm(yc.T @ yc))
+    assert cka_reference(x, y) == pytest.approx(features, rel=1e-12)
 
 
 def hsic_unbiased_reference(k, m):
@@ -132,7 +146,7 @@ def test_cka_is_the_same_from_either_accumulation_and_from_many_blocks(runs, met
 def test_between_two_models_files(runs, metric):
     xs = [_rows(runs["a"], key)[0] for key in KEYS]
     ys = [_rows(runs["b"], key)[0] for key in KEYS]
-    result = compare(runs["a"], runs["b"], metric=metric, memory_mb=0.5)
+    result = compare(runs["a"], runs["b"], metric=metric, memory_mb=2)  # several panels
     assert result.samples == SAMPLES
     expected = _expected(metric, xs, ys)
     np.testing.assert_allclose(result.matrix(), expected, rtol=1e-9, atol=1e-12)
@@ -368,13 +382,12 @@ def test_every_user_error_is_one_line_and_exit_1(runs, token_files, tmp_path, ca
     assert not (tmp_path / "out").exists()
 
 
-def test_files_that_share_no_sample_are_refused_by_the_cli(runs, tmp_path):
+def test_files_that_share_no_sample_are_refused(runs, tmp_path, capsys):
     with h5py.File(runs["a"], "r") as f:
         other = write_probe_file(tmp_path / "later.h5", f["index"][:] + 1000,
                                  {"fc/output": f["fc/output"][:]})
-    result = run_cli(f"file={runs['a']}", f"other={other}", "keys=[fc]", cwd=tmp_path,
-                     module="probe.compare")
-    line = error_line(result)
+    line = _command_error(capsys, f"file={runs['a']}", f"other={other}", "keys=[fc]",
+                          f"out_dir={tmp_path}/out")
     assert "share no sample" in line and "48 samples from 0 to 47" in line
     assert "48 samples from 1000 to 1047" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["later.h5"]
