@@ -53,8 +53,8 @@ def pair_rows(fa: FeatureFile, keys_a: list[str], fb: FeatureFile | None = None,
             f"file={str(fa.path)!r} and other={str(fb.path)!r} share no sample: their /index "
             f"hold {_span(fa.index)} and {_span(fb.index)}; compare files made from the same "
             "dataset (runs of another limit, subset or shard hold other samples)")
-    log.info("matched %d samples by /index: %d of the %d rows of %s and of the %d of %s",
-             len(docs_a), len(docs_a), fa.num_rows, fa.path.name, fb.num_rows, fb.path.name)
+    log.info("matched %d samples by /index (%s holds %d, %s %d)", len(docs_a), fa.path.name,
+             fa.num_rows, fb.path.name, fb.num_rows)
     index = fa.index[docs_a]
     if not per_token:
         return Pairing(docs_a, docs_b, index, len(docs_a), False)

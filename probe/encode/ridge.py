@@ -101,8 +101,17 @@ def _fit(folds: list[FoldSums], excluded: set[int]) -> _Fit:
     mx, my = sx / n, sy / n
     cxx = sum(s.xx for s in parts) - n * torch.outer(mx, mx)
     cxy = sum(s.xy for s in parts) - n * torch.outer(mx, my)
-    lam, q = torch.linalg.eigh(cxx)
+    lam, q = _eigh(cxx)
     return _Fit(mx, my, lam.clamp_min(0), q, q.T @ cxy)
+
+
+def _eigh(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # on the CPU, numpy's LAPACK call is several times faster than torch's (0.15 s against
+    # 0.6 s for 1000 x 1000 here), and this is the solver's largest cost
+    if matrix.device.type == "cpu":
+        lam, q = np.linalg.eigh(matrix.numpy())
+        return torch.from_numpy(lam), torch.from_numpy(q)
+    return torch.linalg.eigh(matrix)
 
 
 @dataclass
