@@ -183,6 +183,7 @@ def test_every_user_error_is_one_line_and_exit_1(layered, tmp_path, capsys):
     np.save(tmp_path / "short.npy", np.zeros((250, 3)))
     np.save(tmp_path / "nan.npy", np.full((DATASET, 2), np.nan))
     np.save(tmp_path / "text.npy", np.array(["a"] * DATASET))
+    np.save(tmp_path / "empty.npy", np.zeros((DATASET, 0)))
     tokens = write_probe_file(tmp_path / "tokens.h5", np.arange(3),
                               {"h/output": np.ones((7, 2))}, token_lengths=[2, 2, 3])
     errors = {
@@ -207,6 +208,7 @@ def test_every_user_error_is_one_line_and_exit_1(layered, tmp_path, capsys):
         "use a .npy file (N, V) or an HDF5 dataset": [f"file={file}", "targets=t.csv"],
         "holds NaN or an infinity in row": [f"file={file}", f"targets={tmp_path}/nan.npy"],
         "not numbers": [f"file={file}", f"targets={tmp_path}/text.npy"],
+        "has no columns (shape (300, 0))": [f"file={file}", f"targets={tmp_path}/empty.npy"],
         "needs about": [f"file={file}", f"targets={targets}", "solver=streamed",
                         "memory_mb=0.001", "keys=[wide]"],
     }

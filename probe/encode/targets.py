@@ -134,6 +134,9 @@ def _checked(spec: str, array, handle: h5py.File | None = None) -> Targets:
         raise ConfigError(f"targets={spec!r} holds no rows (shape {tuple(array.shape)})")
     if not (np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.bool_)):
         raise ConfigError(f"targets={spec!r} holds {array.dtype}, not numbers")
+    if math.prod(array.shape[1:]) == 0:
+        raise ConfigError(f"targets={spec!r} has no columns (shape {tuple(array.shape)}); "
+                          "pass (N, V) values with V >= 1")
     return Targets(spec, array, handle)
 
 
