@@ -21,8 +21,6 @@ import probe
 from probe.compare import compare, write_similarity
 from probe.config import CONFIG_DIR
 from probe.errors import ConfigError, DataError
-from probe.format import DatasetSpec
-from probe.store import Store
 from tests.conftest import REPO, TINY_NET, compose_cfg, run_cli
 
 LAYERS = ["features.1", "features.3", "pool", "fc"]
@@ -445,23 +443,27 @@ def test_python_defaults_are_the_commands_defaults(function):
 def write_probe_file(path, index, datasets, *, layers=None, token_lengths=None,
                      input_ids=None):
     """A finished probe file holding ``datasets`` ({"<layer>/<kind>": (rows, ...)}) for the
-    dataset samples ``index``; rows per token where ``token_lengths`` gives each sample's."""
-    per_token = {key: token_lengths is not None and len(v) != len(index)
-                 for key, v in datasets.items()}
-    specs = {key: DatasetSpec(tuple(v.shape[1:]), "float32", per_token=per_token[key],
-                              attrs={"layer": key.rpartition("/")[0],
-                                     "kind": key.rpartition("/")[2]})
-             for key, v in datasets.items()}
-    values = {key: np.asarray(v, dtype=np.float32) for key, v in datasets.items()}
-    if input_ids is not None:
-        specs["input_ids"] = DatasetSpec((), "int32", compressible=False, per_token=True)
-        values["input_ids"] = np.asarray(input_ids, dtype=np.int32)
+    dataset samples ``index``; rows per token where ``token_lengths`` gives each sample's.
+
+    Written with plain h5py in the layout DESIGN.md promises (chunked along the rows in about
+    2 MiB, as a run writes it), so that it depends on no more than a reader may."""
+    index = np.asarray(index, dtype=np.int64)
     layers = layers or list(dict.fromkeys(key.rpartition("/")[0] for key in datasets))
-    with Store(path, config_yaml="{}", num_rows=len(index), datasets=specs, has_target=False,
-               token_rows=token_lengths is not None,
-               num_tokens=None if token_lengths is None else int(np.sum(token_lengths)),
-               attrs={"layers": layers}) as store:
-        store.append(torch.as_tensor(np.asarray(index)), None, values,
-                     None if token_lengths is None else np.asarray(token_lengths))
-        store.finish()
+    with h5py.File(path, "w") as f:
+        f.attrs.update({"config": "{}", "complete": True, "num_samples": len(index),
+                        "num_committed": len(index)})
+        f.attrs["layers"] = np.array(layers, dtype=h5py.string_dtype())
+        f.create_dataset("index", data=index)
+        if token_lengths is not None:
+            f.create_dataset("offsets", data=np.concatenate([[0], np.cumsum(token_lengths)]))
+        if input_ids is not None:
+            f.create_dataset("input_ids", data=np.asarray(input_ids, dtype=np.int32))
+        for key, values in datasets.items():
+            values = np.asarray(values, dtype=np.float32)
+            rows = max(1, min(len(values), (2 << 20) // values[0].nbytes))  # 2 MiB, as a run
+            dataset = f.create_dataset(key, data=values, chunks=(rows, *values.shape[1:]))
+            layer, _, kind = key.rpartition("/")
+            dataset.attrs.update({"layer": layer, "kind": kind})
+            if token_lengths is not None and len(values) != len(index):
+                dataset.attrs["rows"] = "token"
     return path
