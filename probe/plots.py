@@ -1,4 +1,5 @@
-"""PNG figures of results: probe accuracy by layer, and a Grad-CAM montage.
+"""PNG figures of results: probe accuracy by layer, a Grad-CAM montage, a similarity heatmap and
+encoding scores by layer.
 
 matplotlib is imported here only, inside the functions, so the rest of probe never needs it
 (``pip install 'probe[viz]'``). Figures are drawn without pyplot, so no display is ever needed.
@@ -13,7 +14,7 @@ import numpy as np
 
 from probe.errors import ConfigError, OutputError
 
-__all__ = ["plot_accuracy", "gradcam_montage"]
+__all__ = ["plot_accuracy", "gradcam_montage", "plot_similarity", "plot_encoding"]
 
 
 def plot_accuracy(results: Sequence[dict], path: str | Path, title: str | None = None) -> Path:
@@ -89,6 +90,81 @@ def gradcam_montage(maps: np.ndarray, path: str | Path, images: np.ndarray | Non
         axes.set_axis_off()
     if title:
         figure.suptitle(title, fontsize="medium")
+    return _save(figure, path)
+
+
+def plot_similarity(matrix: np.ndarray, keys_a: Sequence[str], keys_b: Sequence[str],
+                    path: str | Path, label: str = "similarity", title: str | None = None
+                    ) -> Path:
+    """A heatmap of similarities: a row per key of the first file, a column per key of the
+    second, both in the order given (the model's); each cell printed when there are few.
+
+    Args:
+        matrix: (len(keys_a), len(keys_b)) values, NaN drawn blank.
+        keys_a, keys_b: the labels of the rows and of the columns.
+        path: the PNG to write.
+        label: the colour bar's label (the metric).
+        title: drawn above the axes.
+
+    Raises:
+        ConfigError: matplotlib is not installed.
+        OutputError: the PNG cannot be written.
+    """
+    figure_class = _figure_class()
+    matrix = np.asarray(matrix, dtype=float)
+    rows, cols = matrix.shape
+    figure = figure_class(figsize=(max(4.0, 0.7 * cols + 3.0), max(3.0, 0.5 * rows + 2.0)),
+                          dpi=100, layout="constrained")
+    axes = figure.add_subplot()
+    low = min(0.0, float(np.nanmin(matrix))) if np.isfinite(matrix).any() else 0.0
+    image = axes.imshow(matrix, cmap="viridis", vmin=low, vmax=1.0, aspect="auto")
+    figure.colorbar(image, ax=axes, label=label)
+    axes.set_xticks(range(cols), list(keys_b), rotation=45 if cols > 2 else 0,
+                    ha="right" if cols > 2 else "center", fontsize="small")
+    axes.set_yticks(range(rows), list(keys_a), fontsize="small")
+    if rows * cols <= 144:
+        for i in range(rows):
+            for j in range(cols):
+                if np.isfinite(matrix[i, j]):
+                    axes.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center",
+                              fontsize="x-small",
+                              color="black" if matrix[i, j] > 0.6 else "white")
+    if title:
+        axes.set_title(title, fontsize="medium")
+    return _save(figure, path)
+
+
+def plot_encoding(results: Sequence[dict], path: str | Path, title: str | None = None) -> Path:
+    """Encoding score (mean held-out Pearson r over the targets) by layer, one line per kind.
+
+    Args:
+        results: dicts with ``key`` ("<layer>/<kind>") and ``score``, layers in model order.
+        path: the PNG to write.
+        title: drawn above the axes.
+
+    Raises:
+        ConfigError: matplotlib is not installed.
+        OutputError: the PNG cannot be written.
+    """
+    figure_class = _figure_class()
+    split = [(r["key"].rpartition("/")[0], r["key"].rpartition("/")[2], r["score"])
+             for r in results]
+    layers = list(dict.fromkeys(layer for layer, _, _ in split))
+    figure = figure_class(figsize=(max(4.0, 0.9 * len(layers) + 2.0), 3.6), dpi=100,
+                          layout="constrained")
+    axes = figure.add_subplot()
+    for kind in dict.fromkeys(kind for _, kind, _ in split):
+        points = [(layers.index(layer), score) for layer, k, score in split if k == kind]
+        axes.plot(*zip(*points, strict=True), marker="o", label=kind)
+    axes.axhline(0.0, linestyle="--", color="grey", linewidth=1)
+    axes.set_xticks(range(len(layers)), layers, rotation=30 if len(layers) > 4 else 0,
+                    ha="right" if len(layers) > 4 else "center")
+    axes.set_ylabel("held-out Pearson r (mean over targets)")
+    axes.set_xlabel("layer")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small")
+    if title:
+        axes.set_title(title, fontsize="medium")
     return _save(figure, path)
 
 

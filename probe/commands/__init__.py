@@ -5,6 +5,8 @@
     python -m probe.merge      probe.commands.merge     join shard files (and the sweep callback)
     python -m probe.fit        probe.commands.fit       linear probes on a file
     python -m probe.gradcam    probe.commands.gradcam   Grad-CAM maps of a file
+    python -m probe.compare    probe.commands.compare   CKA and RSA between stored keys
+    python -m probe.encode     probe.commands.encode    ridge encoding models of stored keys
 
 Everything here calls the library below it (probe.runner, probe.merge, probe.fit, ...); nothing
 in the library imports this package. A user error (a ProbeError) is printed as one line and
