@@ -126,6 +126,7 @@ class FeatureFile(Mapping):
                 "write a self-contained file with python -m probe.merge --copy -o OUT SHARD..."
             )
         self.num_rows = state.readable_rows
+        self._sorted_index: tuple[np.ndarray, np.ndarray] | None = None
 
     def __enter__(self) -> FeatureFile:
         return self
@@ -232,15 +233,39 @@ class FeatureFile(Mapping):
         """For rows per token: sample i's rows are ``offsets[i]:offsets[i+1]`` (None else)."""
         return self._file[OFFSETS][: self.num_rows + 1] if OFFSETS in self._file else None
 
-    def rows_of(self, key: str, sample: int) -> np.ndarray:
-        """The rows of the file's ``sample``-th sample (``index[sample]`` in the dataset): its
-        token rows for a dataset with rows per token, else its one row."""
-        if not 0 <= sample < self.num_rows:
-            raise IndexError(f"sample {sample} is out of range: the file has {self.num_rows}")
+    def rows_of(self, key: str, index: int | None = None, *, row: int | None = None
+                ) -> np.ndarray:
+        """The rows of dataset sample ``index`` (as ``/index`` names it, wherever its row lies:
+        a shard, a subset, a merged file), or of the file's ``row``-th row: its token rows for
+        a dataset with rows per token, else its one row.
+
+        Raises:
+            KeyError: the file holds no row of that dataset index.
+            IndexError: ``row`` is out of range.
+        """
+        if (index is None) == (row is None):
+            raise TypeError("rows_of takes a dataset index, or row=<the row's position>")
+        if row is None:
+            row = self._row_of(int(index))
+        elif not 0 <= row < self.num_rows:
+            raise IndexError(f"row {row} is out of range: the file has {self.num_rows}")
         if self.per_token(key):
-            start, stop = self._file[OFFSETS][sample:sample + 2]
+            start, stop = self._file[OFFSETS][row:row + 2]
             return self[key][int(start):int(stop)]
-        return self[key][sample]
+        return self[key][row]
+
+    def _row_of(self, index: int) -> int:
+        # by a sorted copy of /index, made once: merged text files are in shard order
+        if self._sorted_index is None:
+            order = np.argsort(self.index, kind="stable")
+            self._sorted_index = (self.index[order], order)
+        values, order = self._sorted_index
+        at = int(np.searchsorted(values, index))
+        if at == len(values) or values[at] != index:
+            raise KeyError(f"dataset index {index} is not in {str(self.path)!r}, which holds "
+                           f"{self.num_rows} samples (of a shard, limit or subset); its /index "
+                           "says which")
+        return int(order[at])
 
     @property
     def index(self) -> np.ndarray:

@@ -244,11 +244,16 @@ def test_shards_merge_into_one_run(text_cfg, tmp_path):
         assert sorted(many.index) == list(one.index)
         assert many["transformer.h.0/output"].is_virtual
         for row, sample in enumerate(many.index):  # every sample's rows, wherever they are
-            np.testing.assert_allclose(many.rows_of("transformer.h.0/output", row),
+            np.testing.assert_allclose(many.rows_of("transformer.h.0/output", row=row),
                                        one.rows_of("transformer.h.0/output", int(sample)),
                                        rtol=1e-5, atol=1e-5)
-            np.testing.assert_array_equal(many.rows_of("input_ids", row),
+            np.testing.assert_array_equal(many.rows_of("input_ids", row=row),
                                           one.rows_of("input_ids", int(sample)))
+            # by its dataset index, a sample's rows are the same wherever they lie
+            np.testing.assert_array_equal(many.rows_of("input_ids", int(sample)),
+                                          one.rows_of("input_ids", int(sample)))
+        with pytest.raises(KeyError, match="dataset index 99 is not in"):
+            many.rows_of("input_ids", 99)
 
 
 def test_reading_token_rows_shuffled_and_probing_the_last_token(text_cfg, tmp_path):

@@ -90,7 +90,7 @@ def fit_probes(path: str | Path, keys: list[str] | None = None, *,
                 "fits one row per sample; run probe with tokens=last or tokens=mean"
             )
         _warn_about_label_gradients(f, selected)
-        splits = _splits(f.num_rows, test_fraction, folds, seed)
+        splits = _splits(f.target, test_fraction, folds, seed)
         train = dict(epochs=int(epochs), batch_size=int(batch_size), lr=float(lr),
                      weight_decay=float(weight_decay), seed=int(seed), device=torch_device)
         results = []
@@ -154,19 +154,29 @@ def _model_order(f: FeatureFile):
     return position
 
 
-def _splits(num_rows: int, test_fraction: float, folds: int | None,
+def _splits(targets: np.ndarray, test_fraction: float, folds: int | None,
             seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    # (train rows, test rows) pairs, sorted so that streaming reads stay in file order
+    """(train rows, test rows) pairs, stratified: each class is split in the same proportion
+    (the rows, ordered by class and at random within it, are dealt out in turn), and sorted so
+    that streaming reads stay in file order."""
+    num_rows = len(targets)
     if num_rows < 2:
         raise ConfigError(f"the file has {num_rows} row; a probe needs at least 2")
-    order = np.random.default_rng(seed).permutation(num_rows)
-    if folds is None:
-        n_test = min(max(1, round(num_rows * test_fraction)), num_rows - 1)
-        parts = [order[:n_test]]
+    shuffled = np.random.default_rng(seed).permutation(num_rows)
+    order = shuffled[np.argsort(targets[shuffled], kind="stable")]
+    turn = np.arange(num_rows)
+    if folds is None:  # every 1/test_fraction-th row of that order, round(N * fraction) in all
+        tested = (np.floor((turn + 1) * test_fraction + 0.5)
+                  > np.floor(turn * test_fraction + 0.5))
+        if not tested.any():
+            tested[0] = True
+        if tested.all():
+            tested[-1] = False
+        parts = [order[tested]]
     else:
         if int(folds) > num_rows:
             raise ConfigError(f"folds={folds} is more than the file's {num_rows} rows")
-        parts = np.array_split(order, int(folds))
+        parts = [order[turn % int(folds) == k] for k in range(int(folds))]
     return [(np.sort(np.setdiff1d(order, test)), np.sort(test)) for test in parts]
 
 
