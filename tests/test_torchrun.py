@@ -1,0 +1,199 @@
+"""``torchrun --nproc-per-node=2 -m probe``: two ranks on the CPU (gloo) write one file equal to
+one process's run, rows matched by /index; a relaunch resumes every rank and a finished run
+does nothing; a rank that fails ends the command with its one line and status 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+import probe
+from tests.conftest import REPO, TINY_NET, compose_cfg
+
+# batch_size=1: each sample is computed alone in every run, so values match bit for bit
+RUN = [*TINY_NET, "layers=[features.0,fc]", "dataset._target_=tests.tiny.PacedImages",
+       "dataset.image_size=16", "batch_size=1", "output.commit_every=1"]
+KEYS = ("target", "features.0/output", "fc/output")
+
+
+def _command(ranks: int, *args: str) -> list[str]:
+    flags = [a for a in args if a == "-m"]  # Hydra's flags go before the overrides
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}", "-m",
+            "probe", *flags, *RUN, *(a for a in args if a not in flags)]
+
+
+def _env() -> dict:
+    # no progress bar: its carriage returns would share a line with another rank's message
+    return {**os.environ, "PYTHONPATH": str(REPO), "HYDRA_FULL_ERROR": "0",
+            "PYTHONWARNINGS": "ignore", "TQDM_DISABLE": "1"}
+
+
+def torchrun(*args: str, cwd, ranks: int = 2) -> subprocess.CompletedProcess:
+    return subprocess.run(_command(ranks, *args), cwd=cwd, env=_env(), capture_output=True,
+                          text=True, timeout=300)
+
+
+def probe_lines(stderr: str, kind: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith(f"probe: {kind}")]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One process's runs, by sample count (in this process: the values do not depend on it)."""
+    directory = tmp_path_factory.mktemp("reference")
+    done = {}
+
+    def get(samples: int, *extra: str):
+        key = (samples, *extra)
+        if key not in done:
+            done[key] = probe.run(compose_cfg(*RUN, f"dataset.num_samples={samples}", *extra,
+                                              output=directory / f"{len(done)}.h5", tiny=False))
+        return done[key]
+
+    return get
+
+
+def assert_equal_by_index(path, reference) -> None:
+    """Every row of ``path`` holds what the reference holds for the same sample."""
+    with h5py.File(path, "r") as a, h5py.File(reference, "r") as b:
+        assert a.attrs["complete"] and sorted(a["index"][:]) == list(b["index"][:])
+        where = {int(sample): row for row, sample in enumerate(b["index"][:])}
+        rows = [where[int(sample)] for sample in a["index"][:]]
+        for key in KEYS:
+            np.testing.assert_array_equal(a[key][:], b[key][:][rows], err_msg=key)
+
+
+def test_two_ranks_equal_one_process_and_a_second_launch_does_nothing(tmp_path, reference):
+    first = torchrun("dataset.num_samples=9", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    (folder,) = (tmp_path / "outputs").iterdir()  # both ranks found the same run folder
+    out = folder / "features.h5"
+    assert_equal_by_index(out, reference(9))
+    with h5py.File(out, "r") as f:
+        assert f["fc/output"].is_virtual and (f.attrs["shard_index"], f.attrs["shard_count"]) \
+            == (0, 1)
+        assert [os.path.basename(p) for p in f.attrs["merged_from"]] == [
+            "features.rank-0-of-2.h5", "features.rank-1-of-2.h5"]
+    with probe.open(out) as f:  # through probe too: complete, the shards where they belong
+        assert f.num_rows == 9 and f.index.tolist() == list(range(9))
+    # Hydra's own files are rank 0's; rank 1 logged to its own file
+    assert sorted(p.name for p in folder.iterdir()) == [
+        ".hydra", "features.h5", "features.rank-0-of-2.h5", "features.rank-1-of-2.h5",
+        "probe.log", "probe.rank-1.log"]
+    assert "rank 1 of 2: shard 1 of 2" in (folder / "probe.rank-1.log").read_text()
+    assert "rank 1 of 2" not in (folder / "probe.log").read_text()
+
+    files = sorted(p.name for p in folder.iterdir())
+    before = {p.name: p.stat().st_mtime_ns for p in folder.glob("*.h5")}
+    again = torchrun("dataset.num_samples=9", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "already complete for this config; nothing to do" in again.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in folder.glob("*.h5")} == before
+    assert sorted(p.name for p in folder.iterdir()) == files
+
+
+def test_a_failing_rank_gives_its_one_line_and_status_1(tmp_path):
+    # rank 1 takes the odd samples; sample 9 cannot be read, while rank 0 is still at work
+    result = torchrun("dataset.num_samples=40", "dataset._target_=tests.tiny.BrokenImages",
+                      "+dataset.broken=9", "+dataset.delay=0.05", "output.path=out/f.h5",
+                      cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert probe_lines(result.stderr, "error") == ["probe: error: sample 9 cannot be read"]
+    # torchrun's summary of the failure names it too
+    assert "traceback : probe: error: sample 9 cannot be read" in result.stderr
+    # the other rank got torchrun's SIGTERM and stopped at a batch boundary, its rows committed
+    (stopped,) = probe_lines(result.stderr, "stopped")
+    assert stopped.startswith("probe: stopped by SIGTERM with ") and stopped.endswith(
+        "rows saved in {}; run the same command again to resume".format(
+            tmp_path / "out" / "f.rank-0-of-2.h5.partial"))
+    saved = int(stopped.split(" with ")[1].split(" of ")[0])
+    with probe.open(tmp_path / "out" / "f.rank-0-of-2.h5", allow_partial=True) as f:
+        assert 0 < saved == f.num_rows < 20 and not f.complete
+        assert f.index.tolist() == list(range(0, 2 * saved, 2))
+    assert not (tmp_path / "out" / "f.h5").exists()
+
+
+def test_a_config_error_that_every_rank_meets_reads_as_one_line(tmp_path):
+    result = torchrun("dataset.num_samples=4", "layers=[nope]", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    (line,) = probe_lines(result.stderr, "error")
+    assert line.startswith("probe: error: layer 'nope' matches no module")
+    assert not (tmp_path / "outputs").exists()  # the run folder it made is gone again
+
+
+def _killed_and_resumed(tmp_path, reference, samples: int, *extra: str) -> int:
+    """Start two ranks, SIGKILL rank 1 once it has committed rows, check that the command
+    fails and rank 0 stops with its rows committed, then launch it again to the end; the rows
+    rank 1 resumed after."""
+    out = tmp_path / "out" / "f.h5"
+    args = (f"dataset.num_samples={samples}", "+dataset.delay=0.05", f"output.path={out}",
+            *extra)
+    process = subprocess.Popen(_command(2, *args), cwd=tmp_path, env=_env(), text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lock = out.with_name("f.rank-1-of-2.h5.lock")
+    deadline = time.monotonic() + 120
+    while not (lock.exists() and lock.read_text()):
+        assert time.monotonic() < deadline and process.poll() is None, "rank 1 never started"
+        time.sleep(0.05)
+    time.sleep(1.0)  # about 20 of its samples
+    os.kill(json.loads(lock.read_text())["pid"], signal.SIGKILL)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1, stderr
+    assert "exitcode  : -9" in stderr
+    (stopped,) = probe_lines(stderr, "stopped")
+    assert stopped.startswith("probe: stopped by SIGTERM with ")
+
+    again = torchrun(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    log = (tmp_path / "outputs").glob("*/probe.rank-1.log")
+    resumed = [int(line.split(" after ")[1].split()[0]) for path in log
+               for line in path.read_text().splitlines() if "resuming" in line]
+    assert_equal_by_index(out, reference(samples))
+    return resumed[-1]
+
+
+@pytest.mark.slow
+def test_a_killed_rank_resumes_and_the_file_equals_one_process(tmp_path, reference):
+    assert _killed_and_resumed(tmp_path, reference, 60) > 0
+
+
+@pytest.mark.slow
+def test_nodes_nest_each_with_its_ranks_and_merge_into_one_run(tmp_path, reference):
+    # two "nodes" (shard.count=2), each a torchrun of two ranks, then a merge of their files
+    nodes = []
+    for c in range(2):
+        result = torchrun("dataset.num_samples=11", "shard.count=2", f"shard.index={c}",
+                          cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        (node,) = (tmp_path / "outputs").glob(f"*shard.index-{c}*/features.h5")
+        with probe.open(node) as f:
+            assert (f.config.shard.index, f.config.shard.count) == (c, 2)
+            assert f.index.tolist() == list(range(c, 11, 2))
+        nodes.append(node)
+    merged = subprocess.run([sys.executable, "-m", "probe.merge", "-o", "all.h5", *map(str, nodes)],
+                            cwd=tmp_path, env=_env(), capture_output=True, text=True)
+    assert merged.returncode == 0, merged.stderr
+    assert "merged 4 shards, 11 rows" in merged.stderr
+    assert_equal_by_index(tmp_path / "all.h5", reference(11))
+
+
+@pytest.mark.slow
+def test_a_sharded_multirun_under_torchrun_merges_once_into_one_run(tmp_path, reference):
+    # each job of the sweep is a shard whose two ranks split it further; rank 0 alone runs the
+    # sweep's merge callback
+    result = torchrun("-m", "dataset.num_samples=11", "shard.count=2", "shard.index=range(2)",
+                      cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (merged,) = (tmp_path / "outputs" / "multirun").glob("*.h5")
+    assert "shard.count-2" in merged.name and "shard.index" not in merged.name
+    assert_equal_by_index(merged, reference(11))
+    assert result.stdout.count("merged 4 shards, 11 rows") == 1, result.stdout
+    assert "not merging" not in result.stdout, result.stdout
