@@ -197,3 +197,39 @@ def test_a_sharded_multirun_under_torchrun_merges_once_into_one_run(tmp_path, re
     assert_equal_by_index(merged, reference(11))
     assert result.stdout.count("merged 4 shards, 11 rows") == 1, result.stdout
     assert "not merging" not in result.stdout, result.stdout
+
+
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_cuda_devices() < 2, reason="needs two CUDA devices")
+def test_two_ranks_on_two_gpus_equal_one_process_on_one(tmp_path):
+    # device=auto: rank r on cuda:r; the single process on cuda:0 (TF32 alike on both sides)
+    result = torchrun("dataset.num_samples=64", "output.path=two/f.h5", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (folder,) = (tmp_path / "outputs").iterdir()
+    assert "on cuda:0" in (folder / "probe.log").read_text()
+    assert "on cuda:1" in (folder / "probe.rank-1.log").read_text()
+    single = subprocess.run([sys.executable, "-m", "probe", *RUN, "dataset.num_samples=64",
+                             "device=cuda:0", "output.path=one.h5"], cwd=tmp_path, env=_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr
+    with h5py.File(tmp_path / "two" / "f.h5", "r") as a, h5py.File(tmp_path / "one.h5") as b:
+        assert a["index"][:].tolist() == b["index"][:].tolist()
+        for key in KEYS:
+            np.testing.assert_allclose(a[key][:], b[key][:], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_cuda_devices() == 0, reason="needs a CUDA device")
+def test_more_ranks_than_gpus_is_refused_in_one_line(tmp_path):
+    ranks = _cuda_devices() + 1
+    result = torchrun("dataset.num_samples=8", cwd=tmp_path, ranks=ranks)
+    assert result.returncode == 1, result.stderr
+    (line,) = probe_lines(result.stderr, "error")
+    assert f"this node has {ranks - 1}, and this is local rank {ranks - 1}" in line
+    assert f"--nproc-per-node={ranks - 1}" in line

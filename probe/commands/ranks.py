@@ -122,12 +122,14 @@ def _run(cfg: DictConfig, ranks: Ranks) -> Path:
 
     index, count = int(cfg.shard.index), int(cfg.shard.count)
 
-    def start() -> Path | None:  # rank 0 decides the path: the ranks' run folders might differ
+    def start() -> tuple[str, Path | None]:
         check_selection(cfg.limit, index, count)
-        return output_path(cfg) if ranks.leader else None
+        return (rank_device(str(cfg.device), ranks.local_rank),
+                output_path(cfg) if ranks.leader else None)
 
-    path = Path(_together(ranks, start, share=True))
-    device = rank_device(str(cfg.device), ranks.local_rank)
+    device, path = _together(ranks, start)
+    # rank 0's path for all: the ranks' run folders differ where it holds a time, say
+    path = _from_leader(path)
     node = _with(cfg, path=path, device=device)
     if path.exists() and not cfg.output.overwrite:
         # a finished launch: rank 0 checks that it is of this config, model and data
@@ -175,11 +177,10 @@ def rank_device(asked: str, local_rank: int) -> str:
     return asked
 
 
-def _together(ranks: Ranks, step: Callable[[], _T], share: bool = False) -> _T:
+def _together(ranks: Ranks, step: Callable[[], _T]) -> _T:
     """``step`` on every rank, then a word between them: if it failed anywhere, every rank
     stops, and each distinct message is printed once (by the lowest rank with it), so that a
-    config error that every rank meets reads as one line. With ``share``, every rank gets rank
-    0's result."""
+    config error that every rank meets reads as one line."""
     import torch.distributed as dist
 
     result, error = None, None
@@ -189,10 +190,8 @@ def _together(ranks: Ranks, step: Callable[[], _T], share: bool = False) -> _T:
         raise
     except ProbeError as err:
         error = err
-    said = [None] * ranks.count
-    dist.all_gather_object(said, (None if error is None else str(error),
-                                  result if share and ranks.leader else None))
-    messages = [message for message, _ in said]
+    messages = [None] * ranks.count
+    dist.all_gather_object(messages, None if error is None else str(error))
     if error is not None:
         if messages.index(str(error)) == ranks.rank:
             raise error
@@ -203,7 +202,15 @@ def _together(ranks: Ranks, step: Callable[[], _T], share: bool = False) -> _T:
         failed = [r for r, message in enumerate(messages) if message]
         log.info("not going on: rank(s) %s failed", failed)
         raise SystemExit(0)
-    return said[0][1] if share else result
+    return result
+
+
+def _from_leader(value: _T) -> _T:
+    import torch.distributed as dist
+
+    shared = [value]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
 
 
 def _with(cfg: DictConfig, *, path: Path, device: str,
