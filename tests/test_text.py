@@ -253,9 +253,12 @@ def test_nested_shards_merge_into_one_run(text_cfg, tmp_path):
     single = probe.run(text_cfg("layers=[transformer.h.0]", output=tmp_path / "single.h5"))
     nodes = []
     for c in range(2):
-        ranks = [probe.run(text_cfg("layers=[transformer.h.0]", "shard.index={}".format(
-            nested_shard(c, 2, r, 2)[0]), "shard.count=4", output=tmp_path / f"n{c}" / f"{r}.h5"))
-            for r in range(2)]
+        ranks = []
+        for r in range(2):
+            index, count = nested_shard(c, 2, r, 2)
+            ranks.append(probe.run(text_cfg("layers=[transformer.h.0]", f"shard.index={index}",
+                                            f"shard.count={count}",
+                                            output=tmp_path / f"n{c}" / f"{r}.h5")))
         nodes.append(merge(tmp_path / f"n{c}" / "f.h5", ranks, into=(c, 2), copy=c == 1))
     _assert_same_documents(merge(tmp_path / "merged.h5", nodes), single)
 

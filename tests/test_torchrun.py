@@ -41,6 +41,12 @@ def torchrun(*args: str, cwd, ranks: int = 2) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def probe_lines(stderr: str, kind: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith(f"probe: {kind}")]
 
@@ -129,6 +135,57 @@ def test_a_config_error_that_every_rank_meets_reads_as_one_line(tmp_path):
     assert not (tmp_path / "outputs").exists()  # the run folder it made is gone again
 
 
+def test_torchruns_environment_makes_ranks(monkeypatch):
+    from probe.commands.ranks import Ranks, from_environment
+
+    for name, value in {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+                        "MASTER_ADDR": "localhost", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    assert from_environment() == Ranks(rank=1, count=4, local_rank=1)
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun of one process: a plain run
+    assert from_environment() is None
+    monkeypatch.delenv("MASTER_PORT")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert from_environment() is None
+
+
+def test_ranks_but_0_leave_hydras_files_to_rank_0(monkeypatch):
+    from probe.commands.ranks import Ranks, prepare
+
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    assert prepare(Ranks(0, 2, 0), []) == [] and "TQDM_DISABLE" not in os.environ
+    extra = prepare(Ranks(1, 2, 1), ["model=vgg16"])
+    assert extra == ["hydra.output_subdir=null", "hydra.job_logging.handlers.file.filename="
+                     "${hydra.runtime.output_dir}/${hydra.job.name}.rank-1.log"]
+    assert os.environ["TQDM_DISABLE"] == "1"
+    # a logging config of the user's own has no file handler to rename, perhaps
+    assert prepare(Ranks(1, 2, 1), ["hydra/job_logging=disabled"]) == [
+        "hydra.output_subdir=null"]
+
+
+@pytest.mark.skipif(_cuda_devices() > 0, reason="the CPU-only case")
+def test_a_rank_without_cuda_keeps_the_device_asked_for():
+    from probe.commands.ranks import rank_device
+
+    # auto finds the CPU (or MPS) in the plan; cuda is refused there, in its own words
+    assert [rank_device(d, 1) for d in ("auto", "cpu", "cuda", "cuda:0")] == [
+        "auto", "cpu", "cuda", "cuda:0"]
+
+
+def test_a_launch_with_another_number_of_ranks_is_named(tmp_path, caplog):
+    from probe.commands.ranks import _warn_about_other_launches
+
+    for name in ("f.rank-0-of-4.h5", "f.rank-1-of-4.h5.partial", "f.rank-0-of-2.h5"):
+        (tmp_path / name).touch()
+    with caplog.at_level("WARNING"):
+        _warn_about_other_launches(tmp_path / "f.h5", 2)
+        _warn_about_other_launches(tmp_path / "f.h5", 4)
+    first, second = (r.getMessage() for r in caplog.records)
+    assert "another number of ranks (f.rank-0-of-4.h5, f.rank-1-of-4.h5)" in first
+    assert "launch of 2 does not use them" in first
+    assert "(f.rank-0-of-2.h5)" in second
+
+
 def _killed_and_resumed(tmp_path, reference, samples: int, *extra: str) -> int:
     """Start two ranks, SIGKILL rank 1 once it has committed rows, check that the command
     fails and rank 0 stops with its rows committed, then launch it again to the end; the rows
@@ -197,12 +254,6 @@ def test_a_sharded_multirun_under_torchrun_merges_once_into_one_run(tmp_path, re
     assert_equal_by_index(merged, reference(11))
     assert result.stdout.count("merged 4 shards, 11 rows") == 1, result.stdout
     assert "not merging" not in result.stdout, result.stdout
-
-
-def _cuda_devices() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 @pytest.mark.gpu

@@ -36,7 +36,7 @@ from omegaconf import DictConfig
 
 from probe.errors import DeviceError, ProbeError, RunStopped
 
-__all__ = ["Ranks", "from_environment", "prepare", "rank_log_name", "run"]
+__all__ = ["Ranks", "from_environment", "prepare", "rank_device", "rank_log_name", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +153,8 @@ def _run(cfg: DictConfig, ranks: Ranks) -> Path:
 
 def rank_device(asked: str, local_rank: int) -> str:
     """The device of the rank with ``local_rank`` on its node: ``cuda:<local_rank>`` for
-    ``auto`` on a node with CUDA and for ``cuda``; any other choice is kept as it is (an
-    explicit ``cuda:N`` puts every rank on that device).
+    ``auto`` and ``cuda`` on a node with CUDA; any other choice is kept as it is (an explicit
+    ``cuda:N`` puts every rank on that device).
 
     Raises:
         DeviceError: the node has fewer CUDA devices than ranks.
@@ -162,14 +162,14 @@ def rank_device(asked: str, local_rank: int) -> str:
     import torch
 
     spec = asked.strip().lower()
-    cuda = torch.cuda.is_available()
-    if spec == "cuda" or (spec == "auto" and cuda):
-        available = torch.cuda.device_count() if cuda else 0
+    # without CUDA, device=cuda is left to the plan, which says so in its own words
+    if spec in ("auto", "cuda") and torch.cuda.is_available():
+        available = torch.cuda.device_count()
         if local_rank >= available:
             raise DeviceError(
                 f"device={asked} gives each rank a CUDA device of its own, but this node has "
                 f"{available}, and this is local rank {local_rank}: start at most {available} "
-                f"ranks per node (torchrun --nproc-per-node={max(available, 1)}), or name a "
+                f"ranks per node (torchrun --nproc-per-node={available}), or name a "
                 "device for all (device=cuda:0, device=cpu)"
             )
         torch.cuda.set_device(local_rank)  # no rank makes a context on device 0 by chance
