@@ -107,22 +107,25 @@ def test_two_ranks_equal_one_process_and_a_second_launch_does_nothing(tmp_path, 
 
 
 def test_a_failing_rank_gives_its_one_line_and_status_1(tmp_path):
-    # rank 1 takes the odd samples; sample 9 cannot be read, while rank 0 is still at work
-    result = torchrun("dataset.num_samples=40", "dataset._target_=tests.tiny.BrokenImages",
-                      "+dataset.broken=9", "+dataset.delay=0.05", "output.path=out/f.h5",
+    # rank 1 takes the odd samples; sample 21, its 11th, cannot be read: rank 0 (0.1 s a
+    # sample, 30 of them) is still at work then
+    result = torchrun("dataset.num_samples=60", "dataset._target_=tests.tiny.BrokenImages",
+                      "+dataset.broken=21", "+dataset.delay=0.1", "output.path=out/f.h5",
                       cwd=tmp_path)
     assert result.returncode == 1, result.stderr
-    assert probe_lines(result.stderr, "error") == ["probe: error: sample 9 cannot be read"]
+    assert probe_lines(result.stderr, "error") == ["probe: error: sample 21 cannot be read"]
     # torchrun's summary of the failure names it too
-    assert "traceback : probe: error: sample 9 cannot be read" in result.stderr
+    assert "traceback : probe: error: sample 21 cannot be read" in result.stderr
     # the other rank got torchrun's SIGTERM and stopped at a batch boundary, its rows committed
-    (stopped,) = probe_lines(result.stderr, "stopped")
+    stops = probe_lines(result.stderr, "stopped")
+    assert len(stops) == 1, result.stderr
+    stopped = stops[0]
     assert stopped.startswith("probe: stopped by SIGTERM with ") and stopped.endswith(
         "rows saved in {}; run the same command again to resume".format(
             tmp_path / "out" / "f.rank-0-of-2.h5.partial"))
     saved = int(stopped.split(" with ")[1].split(" of ")[0])
     with probe.open(tmp_path / "out" / "f.rank-0-of-2.h5", allow_partial=True) as f:
-        assert 0 < saved == f.num_rows < 20 and not f.complete
+        assert 0 < saved == f.num_rows < 30 and not f.complete
         assert f.index.tolist() == list(range(0, 2 * saved, 2))
     assert not (tmp_path / "out" / "f.h5").exists()
 
@@ -205,8 +208,8 @@ def _killed_and_resumed(tmp_path, reference, samples: int, *extra: str) -> int:
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 1, stderr
     assert "exitcode  : -9" in stderr
-    (stopped,) = probe_lines(stderr, "stopped")
-    assert stopped.startswith("probe: stopped by SIGTERM with ")
+    stops = probe_lines(stderr, "stopped")
+    assert len(stops) == 1 and stops[0].startswith("probe: stopped by SIGTERM with "), stderr
 
     again = torchrun(*args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
