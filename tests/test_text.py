@@ -239,10 +239,34 @@ def test_shards_merge_into_one_run(text_cfg, tmp_path):
                                  f"shard.index={k}", output=tmp_path / f"s{k}" / "f.h5"))
               for k in range(3)]
     merged = merge(tmp_path / "merged.h5", shards)
+    _assert_same_documents(merged, single)
+    with probe.open(merged) as many:
+        assert many["transformer.h.0/output"].is_virtual
+
+
+def test_nested_shards_merge_into_one_run(text_cfg, tmp_path):
+    """torchrun on two nodes: each node's two ranks (a 4-way split) merge into the node's file,
+    shard c of 2 (node 1's copied, so its rows are in its ranks' order); then the nodes'
+    files merge into the whole run."""
+    from probe.shards import nested_shard
+
+    single = probe.run(text_cfg("layers=[transformer.h.0]", output=tmp_path / "single.h5"))
+    nodes = []
+    for c in range(2):
+        ranks = []
+        for r in range(2):
+            index, count = nested_shard(c, 2, r, 2)
+            ranks.append(probe.run(text_cfg("layers=[transformer.h.0]", f"shard.index={index}",
+                                            f"shard.count={count}",
+                                            output=tmp_path / f"n{c}" / f"{r}.h5")))
+        nodes.append(merge(tmp_path / f"n{c}" / "f.h5", ranks, into=(c, 2), copy=c == 1))
+    _assert_same_documents(merge(tmp_path / "merged.h5", nodes), single)
+
+
+def _assert_same_documents(merged, single) -> None:
     with probe.open(single) as one, probe.open(merged) as many:
         assert many.attrs["merged_order"] == "shards"
         assert sorted(many.index) == list(one.index)
-        assert many["transformer.h.0/output"].is_virtual
         for row, sample in enumerate(many.index):  # every sample's rows, wherever they are
             np.testing.assert_allclose(many.rows_of("transformer.h.0/output", row=row),
                                        one.rows_of("transformer.h.0/output", int(sample)),

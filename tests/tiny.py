@@ -10,6 +10,7 @@ import time
 from torch import nn
 
 from probe.data import SyntheticImages
+from probe.errors import DataError
 
 
 class TinyNet(nn.Module):
@@ -51,4 +52,18 @@ class PacedImages(SyntheticImages):
             else:
                 os.kill(os.getpid(), self.signum)
         time.sleep(self.delay)
+        return super().__getitem__(index)
+
+
+class BrokenImages(PacedImages):
+    """Paced synthetic images whose item ``broken`` cannot be read: a user error (DataError)
+    in the middle of a run, as a corrupt file of an image folder would be."""
+
+    def __init__(self, *args, broken: int = -1, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.broken = int(broken)
+
+    def __getitem__(self, index: int):
+        if index == self.broken:
+            raise DataError(f"sample {index} cannot be read")
         return super().__getitem__(index)

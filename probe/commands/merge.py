@@ -23,11 +23,17 @@ class MergeShards(Callback):
     """At the end of a multirun, each complete set of shard files in the sweep folder is merged
     into ``<sweep dir>/<the jobs' folder name without shard.index>.h5``, with virtual datasets.
     Sets that are incomplete, or already merged, are left alone; a set that cannot be merged is
-    logged and skipped, so the sweep still succeeds.
+    logged and skipped, so the sweep still succeeds. Under torchrun, rank 0 alone merges (each
+    job's ranks finished together, so every job's file is there by then).
     """
 
     def on_multirun_end(self, config, **kwargs) -> None:
+        from probe.commands.ranks import from_environment
         from probe.merge import merge
+
+        ranks = from_environment()
+        if ranks is not None and not ranks.leader:
+            return
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         exclude = [str(k) for k in config.hydra.job.config.override_dirname.exclude_keys]

@@ -2,7 +2,7 @@
 
 A run that fails leaves no run folder behind when it made that folder itself; a folder that
 holds an earlier attempt (its log, a partial file) is kept, and the error is logged to its
-``probe.log`` too.
+``probe.log`` too. Started by torchrun, each process runs one rank (probe.commands.ranks).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -17,13 +18,16 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from probe.commands import exit_on_user_error, hydra_command
+from probe.commands import ranks as torchrun
 
 __all__ = ["main"]
 
 log = logging.getLogger(__name__)
 
-# what Hydra puts in a new run folder before the task starts
+# what Hydra puts in a new run folder before the task starts (and, under torchrun, what the
+# other ranks' Hydra puts there: their logs)
 _HYDRA_FILES = {".hydra", "probe.log"}
+_RANK_LOG = re.compile(r"probe\.rank-\d+\.log")  # torchrun.rank_log_name
 
 
 def _without_a_trace(task):
@@ -32,6 +36,9 @@ def _without_a_trace(task):
 
     @functools.wraps(task)
     def wrapped(cfg: DictConfig) -> None:
+        ranks = torchrun.from_environment()
+        if ranks is not None and not ranks.leader:
+            return task(cfg)  # rank 0 decides for the folder that all share
         folder = _run_folder()
         log_file = None if folder is None else folder / "probe.log"
         fresh = (folder is not None and _only_hydra_files(folder)
@@ -54,7 +61,8 @@ def _run_folder() -> Path | None:
 
 
 def _only_hydra_files(folder: Path) -> bool:
-    return folder.is_dir() and {p.name for p in folder.iterdir()} <= _HYDRA_FILES
+    return folder.is_dir() and all(p.name in _HYDRA_FILES or _RANK_LOG.fullmatch(p.name)
+                                   for p in folder.iterdir())
 
 
 def _remove(folder: Path) -> None:
@@ -76,12 +84,19 @@ def _remove(folder: Path) -> None:
 def _run(cfg: DictConfig) -> None:
     from probe.runner import run
 
-    run(cfg)
+    ranks = torchrun.from_environment()
+    if ranks is None:
+        run(cfg)
+    else:
+        torchrun.run(cfg, ranks)
 
 
 def main() -> None:
-    """``python -m probe``: run the pipeline."""
+    """``python -m probe``: run the pipeline (one rank of it, when torchrun started it)."""
     _refuse_a_read_only_directory(sys.argv[1:])
+    ranks = torchrun.from_environment()
+    if ranks is not None:
+        sys.argv += torchrun.prepare(ranks, sys.argv[1:])
     hydra_command("config", "python -m probe")(_run)()
 
 

@@ -200,11 +200,12 @@ def _raising(loader: DataLoader) -> Iterable[Batch]:
 
 
 def bad_sample(index: int, err: BaseException, where: str = "") -> str:
-    """The line that says sample ``index`` (of ``where``: its file, its line) failed."""
+    """The line that says sample ``index`` (of ``where``: its file, its line) failed; a
+    ProbeError that the dataset raised is its own line already."""
     text = str(err).strip()
+    if isinstance(err, ProbeError):  # the dataset's own line, as it wrote it
+        return text
     said = f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
-    if isinstance(err, ProbeError):
-        said = text
     return (f"dataset sample {index}{f' ({where})' if where else ''} cannot be loaded ({said});"
             " fix or remove it, or set dataset.on_error=skip to leave such samples out")
 

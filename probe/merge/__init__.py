@@ -4,16 +4,25 @@ Each shard file holds the rows ``i % count == index`` of the same config. The me
 its datasets onto the shard files through HDF5 virtual datasets (no copy; keep the shard files
 beside it), or with ``--copy`` holds the values itself. It has the layout and attrs of a normal
 file, so plain h5py and ``probe.open`` read it. Its rows are in dataset order; those of a text
-run (rows per token) come shard after shard instead, each shard in dataset order, with
-``/offsets`` rewritten and ``/index`` saying which sample each row is (attr merged_order).
+run (rows per token), and of shards that left samples out (dataset.on_error=skip), come shard
+after shard instead, each shard in dataset order, with ``/offsets`` rewritten and ``/index``
+saying which sample each row is (attr merged_order); ``/skipped`` joins the shards', sorted.
+
+Shards need not come from one split: a torchrun job's ranks are shards of a finer split
+(probe.shards), and ``into=(c, C)`` merges the ranks of job c into a file that is itself shard c
+of C. A shard that is such a virtual merge stands for the files it maps, so a merge of the jobs'
+files maps the rank files directly, and every set of shards whose rows cover the run once merges.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import math
 import os
 from collections.abc import Sequence
+from fractions import Fraction
 from pathlib import Path
 
 import h5py
@@ -39,27 +48,31 @@ __all__ = ["merge", "missing_value"]
 
 log = logging.getLogger(__name__)
 
-_SHARD_KEYS = ("shard.index",)
+# what may differ between the shards of one run (the cover check below sees to the rest)
+_SHARD_KEYS = ("shard.index", "shard.count")
 _COPY_BLOCK_BYTES = 64 << 20  # rows held in memory at once by a --copy merge
 
 
 def merge(out: str | Path, shards: Sequence[str | Path], *, copy: bool = False,
-          overwrite: bool = False) -> Path:
-    """Merge complete shard files of one config into ``out``.
+          overwrite: bool = False, into: tuple[int, int] = (0, 1)) -> Path:
+    """Merge complete shard files of one config into ``out``: the whole run, or with
+    ``into=(index, count)`` the shard ``index`` of ``count`` that they split further.
 
     Raises:
-        OutputError: a shard is missing, incomplete, repeated or of another config, or ``out``
-            exists (unless ``overwrite``); nothing is left at ``out`` then.
+        OutputError: a shard is missing, incomplete, repeated, of another config or outside
+            ``into``, or ``out`` exists (unless ``overwrite``); nothing is left at ``out`` then.
     """
+    assert 0 <= into[0] < into[1], into
     out = Path(out).absolute()
-    infos = sorted((_read_shard(Path(s)) for s in shards), key=lambda info: info["index"])
-    interleaved = _check_shards(infos)
+    paths = [source for s in shards for source in _sources(Path(s))]
+    infos = sorted(map(_read_shard, paths), key=lambda info: (info["index"], info["count"]))
+    interleaved = _check_shards(infos, into)
     if out.exists() and not overwrite:
         raise OutputError(f"{str(out)!r} exists; choose another -o or pass --overwrite")
     tmp = partial_path(out)
     try:
         with h5py.File(tmp, "w") as f:
-            _write_merged(f, infos, out.parent, copy, interleaved)
+            _write_merged(f, infos, out.parent, copy, into, interleaved)
         os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -67,6 +80,25 @@ def merge(out: str | Path, shards: Sequence[str | Path], *, copy: bool = False,
     log.info("merged %d shards, %d rows, into %s (%s)", len(infos),
              sum(i["rows"] for i in infos), out, "copied" if copy else "virtual")
     return out
+
+
+def _sources(path: Path) -> list[Path]:
+    """The shard files that ``path`` stands for: those it maps, when it is a virtual merge
+    (a torchrun job's file, say), else itself."""
+    sources: dict[str, None] = {}
+    try:
+        with h5py.File(path, "r") as f:
+            if Attr.MERGED_FROM in f.attrs:
+                for dataset in map(f.__getitem__, dataset_names(f)):
+                    if dataset.is_virtual:
+                        sources.update((s.file_name, None) for s in dataset.virtual_sources()
+                                       if s.file_name != ".")
+    except OSError:
+        pass  # _read_shard says what is wrong with it
+    if not sources:  # not merged, or a --copy merge, which holds its rows itself
+        return [path]
+    # relative names, as merge writes them, are relative to the merged file's folder
+    return [p for name in sources for p in _sources(path.parent / name)]
 
 
 def _read_shard(path: Path) -> dict:
@@ -89,8 +121,9 @@ def _read_shard(path: Path) -> dict:
             "count": int(state.attrs[Attr.SHARD_COUNT])}
 
 
-def _check_shards(infos: list[dict]) -> bool:
-    """Refuse shards that are not one run's; whether their rows interleave into it."""
+def _check_shards(infos: list[dict], into: tuple[int, int]) -> bool:
+    """Refuse shards that are not one run's; whether their rows interleave into it (they do
+    not where shards left samples out: those go shard after shard)."""
     if not infos:
         raise OutputError("no shard files given")
     first = infos[0]
@@ -102,47 +135,80 @@ def _check_shards(infos: list[dict]) -> bool:
                 f"shard {str(info['path'])!r} comes from another config than "
                 f"{str(first['path'])!r} (differs in: {', '.join(differing)})"
             )
-    count = first["count"]
-    seen: dict[int, Path] = {}
+    # Where each shard's rows go in the merged file: rows start, start + step, ... Shard i of n
+    # holds positions i, i + n, ... of the run; the merged file holds those of shard c of C.
+    index, count = into
     for info in infos:
-        if info["index"] in seen:
-            raise OutputError(
-                f"shard {info['index']} of {count} is given twice: {str(seen[info['index']])!r} "
-                f"and {str(info['path'])!r}"
-            )
-        seen[info["index"]] = info["path"]
-    missing = sorted(set(range(count)) - set(seen))
-    if missing:
-        raise OutputError(f"shard(s) {missing} of {count} are missing; pass every shard file")
-    # shard k holds rows k, k + count, ... of the run's samples, which are in dataset order;
-    # where shards left samples out (dataset.on_error=skip), their rows go shard after shard
+        if info["count"] % count or info["index"] % count != index:
+            raise OutputError(f"shard {info['index']} of {info['count']} "
+                              f"({str(info['path'])!r}) is not a part of shard {index} of {count}")
+        info["start"], info["step"] = (info["index"] - index) // count, info["count"] // count
+    _check_cover(infos, into)
+    total = sum(info["rows"] for info in infos)
     sizes = [info["rows"] for info in infos]
-    tiled = max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
-    merged = np.empty(sum(sizes), dtype=np.int64)
-    if tiled:
-        for info in infos:
-            merged[info["index"]::count] = info["index_rows"]
-    interleaved = tiled and (len(merged) < 2 or bool((np.diff(merged) > 0).all()))
-    if not interleaved and not any(SKIPPED in info["datasets"] for info in infos):
-        raise OutputError(f"the shards' row counts {sizes} do not tile one run" if not tiled else
-                          "the shards' rows do not interleave into one run's (dataset order): "
-                          f"is every shard of the same {count}-way split?")
-    return interleaved
+    if any(SKIPPED in info["datasets"] for info in infos):
+        return False
+    if sizes != [len(range(info["start"], total, info["step"])) for info in infos]:
+        raise OutputError(f"the shards' row counts {sizes} do not tile one run")
+    # A text run's merge holds its shards one after another; a shard that is such a merge
+    # (a --copy of a torchrun job's file) has its rows in the order of its own shards.
+    by_shard = OFFSETS in first["datasets"]
+    merged = np.empty(total, dtype=np.int64)
+    for info in infos:
+        rows = np.sort(info["index_rows"]) if by_shard else info["index_rows"]
+        merged[info["start"]::info["step"]] = rows
+    if len(merged) > 1 and not (np.diff(merged) > 0).all():
+        raise OutputError("the shards' rows do not interleave into one run's (dataset order): "
+                          f"is every shard of the same {first['count']}-way split?")
+    return True
+
+
+def _check_cover(infos: list[dict], into: tuple[int, int]) -> None:
+    """Every row of the merged file comes from exactly one shard."""
+    seen: dict[tuple[int, int], Path] = {}
+    for info in infos:
+        key = (info["index"], info["count"])
+        if key in seen:
+            raise OutputError(f"shard {key[0]} of {key[1]} is given twice: {str(seen[key])!r} "
+                              f"and {str(info['path'])!r}")
+        seen[key] = info["path"]
+    steps = {info["step"] for info in infos}
+    if len(steps) == 1:  # shards of one split: say which are missing
+        (step,) = steps
+        missing = sorted(set(range(step)) - {info["start"] for info in infos})
+        if missing:
+            named = [into[0] + into[1] * start for start in missing]
+            raise OutputError(f"shard(s) {named} of {infos[0]['count']} are missing; pass every "
+                              "shard file")
+        return
+    # shards of several splits (one job's ranks beside another job's file): the positions
+    # start mod step of two shards meet unless the starts differ modulo gcd(steps)
+    for a, b in itertools.combinations(infos, 2):
+        if (a["start"] - b["start"]) % math.gcd(a["step"], b["step"]) == 0:
+            raise OutputError(f"shard {a['index']} of {a['count']} ({str(a['path'])!r}) and "
+                              f"shard {b['index']} of {b['count']} ({str(b['path'])!r}) hold "
+                              "some of the same samples")
+    if sum(Fraction(1, info["step"]) for info in infos) != 1:
+        raise OutputError(f"the shards {sorted(seen)} (index, count) leave samples out; pass "
+                          "every shard file")
 
 
 def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool,
-                  interleaved: bool) -> None:
+                  into: tuple[int, int], interleaved: bool) -> None:
     total = sum(info["rows"] for info in infos)
     # Rows per token (text runs): shard after shard. Interleaving documents of many lengths would
     # take one virtual mapping per document; this way each dataset maps one block per shard.
+    # So do the rows of shards that left samples out, which no longer interleave.
     by_shard = OFFSETS in infos[0]["datasets"] or not interleaved
     attrs = dict(infos[0]["attrs"])
     config = dict(infos[0]["config"])
-    config["shard"] = {"index": 0, "count": 1}
+    config["shard"] = {"index": into[0], "count": into[1]}
     attrs.update({Attr.CONFIG: yaml.safe_dump(config, sort_keys=False),
                   Attr.NUM_SAMPLES: total, Attr.NUM_COMMITTED: total, Attr.COMPLETE: True,
-                  Attr.SHARD_INDEX: 0, Attr.SHARD_COUNT: 1,
-                  Attr.MERGED_FROM: np.array([str(i["path"]) for i in infos],
+                  Attr.SHARD_INDEX: into[0], Attr.SHARD_COUNT: into[1],
+                  # relative, as the virtual links are: the tree can move as a whole
+                  Attr.MERGED_FROM: np.array([os.path.relpath(i["path"], directory)
+                                              for i in infos],
                                              dtype=h5py.string_dtype()),
                   Attr.MERGED_ORDER: "shards" if by_shard else "dataset"})
     f.attrs.update(attrs)
@@ -181,7 +247,7 @@ def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool,
                     layout[start:start + shape[0]] = source
                     start += shape[0]
                 else:
-                    layout[info["index"]::len(infos)] = source
+                    layout[info["start"]::info["step"]] = source
             dataset = f.create_virtual_dataset(name, layout, fillvalue=missing_value(dtype))
         dataset.attrs.update(dataset_attrs)
 
@@ -226,15 +292,15 @@ def missing_value(dtype: np.dtype):
 
 
 def _copy_rows(dataset: h5py.Dataset, name: str, infos: list[dict]) -> None:
-    # Row g of the merged file is row g // count of shard g % count. Copy a block of whole
+    # Row start + k * step of the merged file is row k of that shard. Copy a block of whole
     # output chunks at a time, so memory stays bounded by the block, not the dataset.
-    count = len(infos)
     with contextlib.ExitStack() as stack:
         shards = [stack.enter_context(h5py.File(info["path"], "r"))[name] for info in infos]
         for start, stop in _blocks(dataset, dataset.shape[0]):
             block = np.empty((stop - start, *dataset.shape[1:]), dataset.dtype)
-            for k, source in enumerate(shards):
-                first = (start - k + count - 1) // count  # the shard's first row in the block
-                last = (stop - k + count - 1) // count
-                block[first * count + k - start::count] = source[first:last]
+            for info, source in zip(infos, shards, strict=True):
+                first_row, step = info["start"], info["step"]
+                first = (start - first_row + step - 1) // step  # the shard's first row in it
+                last = (stop - first_row + step - 1) // step
+                block[first * step + first_row - start::step] = source[first:last]
             dataset[start:stop] = block
