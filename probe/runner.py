@@ -108,22 +108,24 @@ def _write(plan: Plan, stop: StopRequest) -> Path:
     loader = plan.feed.loader(plan.dataset, plan.selection[plan.resume_from:], plan.batching)
     store = None
     try:
-        store = Store(plan.path, config_yaml=plan.settings.config_yaml, num_rows=plan.num_rows,
-                      datasets=plan.datasets, has_target=plan.has_target,
-                      per_position=plan.per_position, num_positions=plan.num_positions,
-                      resume_from=plan.resume_rows, resume_skipped=plan.resume_skipped,
-                      filters=out.filters, attrs=plan.attrs, locking=out.locking)
-        with store, BackgroundWriter(store, commit_every_batches=out.commit_every,
-                                     commit_every_seconds=out.commit_seconds) as writer:
-            with capture, _frozen_parameters(plan.model, capture.needs_grad), \
-                    _stop_signals(stop):
-                units = _loop(plan, loader, writer, stop)
-            writer.close()
-            store.finish()
+        # signals stop the run from here on, at the next batch boundary (or before the first)
+        with _stop_signals(stop):
+            store = Store(plan.path, config_yaml=plan.settings.config_yaml,
+                          num_rows=plan.num_rows, datasets=plan.datasets,
+                          has_target=plan.has_target, per_position=plan.per_position,
+                          num_positions=plan.num_positions, resume_from=plan.resume_rows,
+                          resume_skipped=plan.resume_skipped, filters=out.filters,
+                          attrs=plan.attrs, locking=out.locking)
+            with store, BackgroundWriter(store, commit_every_batches=out.commit_every,
+                                         commit_every_seconds=out.commit_seconds) as writer:
+                with capture, _frozen_parameters(plan.model, capture.needs_grad):
+                    units = _loop(plan, loader, writer, stop)
+                writer.close()
+                store.finish()
     except _Stopped:
         of = "" if plan.num_rows is None else f" of {plan.num_rows}"
         saved = (f"with {store.num_committed}{of} rows saved in {store.partial}; run the same "
-                 "command again to resume" if store.partial.exists() else
+                 "command again to resume" if store is not None and store.partial.exists() else
                  "before any rows were saved; run the same command again to start")
         message = f"stopped by {signal.Signals(stop.signum).name} {saved}"
         if stop.hand_on is not None:  # a scheduler's handler: it requeues the job, or says why not
@@ -182,6 +184,8 @@ def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> in
     done = (0 if total is None else
             feed.units(plan.dataset, plan.selection[:plan.resume_from]))
     units = 0
+    if stop:  # a signal came while the file was being opened
+        raise _Stopped
     with tqdm(total=total, initial=done, unit=feed.unit, unit_scale=True, dynamic_ncols=True,
               mininterval=1.0, desc="probe") as bar:
         for batch in loader:
