@@ -29,29 +29,13 @@ def plot_accuracy(results: Sequence[dict], path: str | Path, title: str | None =
         ConfigError: matplotlib is not installed.
         OutputError: the PNG cannot be written.
     """
-    figure_class = _figure_class()
     layers = list(dict.fromkeys(r["layer"] for r in results))
-    kinds = list(dict.fromkeys(r["kind"] for r in results))
-    figure = figure_class(figsize=(max(4.0, 0.9 * len(layers) + 2.0), 3.6), dpi=100,
-                          layout="constrained")
-    axes = figure.add_subplot()
-    for kind in kinds:
-        rows = [r for r in results if r["kind"] == kind]
-        axes.plot([layers.index(r["layer"]) for r in rows], [r["accuracy"] for r in rows],
-                  marker="o", label=kind)
+    figure, axes = _by_layer(layers, [(r["layer"], r["kind"], r["accuracy"]) for r in results])
     chance = [max(r["chance"] for r in results if r["layer"] == layer) for layer in layers]
     axes.plot(range(len(layers)), chance, linestyle="--", color="grey",
               label="chance (majority class)")
-    axes.set_xticks(range(len(layers)), layers, rotation=30 if len(layers) > 4 else 0,
-                    ha="right" if len(layers) > 4 else "center")
     axes.set_ylim(0, 1.02)
-    axes.set_ylabel("held-out accuracy")
-    axes.set_xlabel("layer")
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize="small")
-    if title:
-        axes.set_title(title, fontsize="medium")
-    return _save(figure, path)
+    return _finish(figure, axes, "held-out accuracy", title, path)
 
 
 def gradcam_montage(maps: np.ndarray, path: str | Path, images: np.ndarray | None = None,
@@ -146,22 +130,30 @@ def plot_encoding(results: Sequence[dict], path: str | Path, title: str | None =
         ConfigError: matplotlib is not installed.
         OutputError: the PNG cannot be written.
     """
-    figure_class = _figure_class()
     split = [(r["key"].rpartition("/")[0], r["key"].rpartition("/")[2], r["score"])
              for r in results]
-    layers = list(dict.fromkeys(layer for layer, _, _ in split))
-    figure = figure_class(figsize=(max(4.0, 0.9 * len(layers) + 2.0), 3.6), dpi=100,
-                          layout="constrained")
-    axes = figure.add_subplot()
-    for kind in dict.fromkeys(kind for _, kind, _ in split):
-        points = [(layers.index(layer), score) for layer, k, score in split if k == kind]
-        axes.plot(*zip(*points, strict=True), marker="o", label=kind)
+    figure, axes = _by_layer(list(dict.fromkeys(layer for layer, _, _ in split)), split)
     axes.axhline(0.0, linestyle="--", color="grey", linewidth=1)
+    return _finish(figure, axes, "held-out Pearson r (mean over targets)", title, path)
+
+
+def _by_layer(layers: list[str], points: list[tuple[str, str, float]]):
+    # a figure of one line per kind over the layers: points are (layer, kind, value)
+    figure = _figure_class()(figsize=(max(4.0, 0.9 * len(layers) + 2.0), 3.6), dpi=100,
+                             layout="constrained")
+    axes = figure.add_subplot()
+    for kind in dict.fromkeys(kind for _, kind, _ in points):
+        mine = [(layers.index(layer), value) for layer, k, value in points if k == kind]
+        axes.plot(*zip(*mine, strict=True), marker="o", label=kind)
     axes.set_xticks(range(len(layers)), layers, rotation=30 if len(layers) > 4 else 0,
                     ha="right" if len(layers) > 4 else "center")
-    axes.set_ylabel("held-out Pearson r (mean over targets)")
     axes.set_xlabel("layer")
     axes.grid(alpha=0.3)
+    return figure, axes
+
+
+def _finish(figure, axes, ylabel: str, title: str | None, path: str | Path) -> Path:
+    axes.set_ylabel(ylabel)
     axes.legend(fontsize="small")
     if title:
         axes.set_title(title, fontsize="medium")

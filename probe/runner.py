@@ -130,7 +130,12 @@ def _write(plan: Plan, stop: StopRequest) -> Path:
         message = f"stopped by {signal.Signals(stop.signum).name} {saved}"
         if stop.hand_on is not None:  # a scheduler's handler: it requeues the job, or says why not
             log.warning("%s", message)
-            stop.hand_on(stop.signum, None)
+            try:
+                stop.hand_on(stop.signum, None)
+            except Exception as err:  # not requeued (out of time limits): the scheduler's error
+                log.warning("the job was not requeued (%s); launch the same command again to "
+                            "resume after the %d rows saved", err, store.num_committed)
+                raise
         raise RunStopped(message, exit_code=128 + int(stop.signum)) from None
     except (OSError, RuntimeError, WriteFailed) as err:
         if _disk_full(err):

@@ -106,6 +106,23 @@ def test_a_schedulers_sigusr2_handler_gets_the_signal_after_the_commit(tmp_path,
     _assert_same_file(out, reference(samples))
 
 
+def test_a_job_out_of_requeues_says_that_relaunching_resumes(tmp_path, caplog):
+    samples, out = 40, tmp_path / "f.h5"
+    cfg = compose_cfg(*RUN, f"dataset.num_samples={samples}", output=out, tiny=False)
+
+    def out_of_time(signum, frame):  # as submitit's handler, when max_num_timeout is spent
+        raise RuntimeError("Job not requeued because: timed-out too many times.")
+
+    previous = signal.signal(signal.SIGUSR2, out_of_time)
+    try:
+        with pytest.raises(RuntimeError, match="timed-out too many times"):
+            run_with(cfg, dataset=PacedImages(samples, 32, at=9, signum=signal.SIGUSR2))
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert ("the job was not requeued (Job not requeued because: timed-out too many times.); "
+            "launch the same command again to resume after the 12 rows saved") in caplog.text
+
+
 def test_sigterm_to_the_process_group_with_loader_workers(tmp_path):
     """SLURM signals every process of a job: the DataLoader's workers must leave the stop to
     the run, or the loader fails before the run can commit and say how to resume."""

@@ -38,10 +38,12 @@ def _load(spec: str):
     return getattr(importlib.import_module(module), name)
 
 
-def _imports(path: Path) -> set[str]:
-    """Every module a file imports, at its top or inside a function."""
+def _imports(path: Path, top_level: bool = False) -> set[str]:
+    """Every module a file imports, at its top or inside a function (or, with ``top_level``,
+    when it is imported)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in (tree.body if top_level else ast.walk(tree)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -98,21 +100,9 @@ def test_python_defaults_are_the_commands_defaults(function, schema):
     assert shared and all(p.default == defaults[p.name] for p in shared)
 
 
-def _top_level_imports(path: Path) -> set[str]:
-    # what a module imports when it is imported (not inside functions, not for type checking)
-    found: set[str] = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return found
-
-
 def test_the_import_graph_has_no_cycles():
     modules = {_module(p): p for p in PACKAGE.rglob("*.py")}
-    graph = {name: {m for m in _top_level_imports(path) if m in modules and m != name}
+    graph = {name: {m for m in _imports(path, top_level=True) if m in modules and m != name}
              for name, path in modules.items()}
 
     def cycle_from(start, seen=()):
@@ -134,6 +124,7 @@ def test_the_import_graph_has_no_cycles():
     ("partial", set()),
 ])
 def test_the_store_and_the_file_format_import_nothing_above_them(module, allowed):
+    found = _imports(PACKAGE / f"{module}.py", top_level=True)
     imported = {m.rsplit(".", 1)[0] if m.rsplit(".", 1)[0] in allowed else m
-                for m in _top_level_imports(PACKAGE / f"{module}.py") if m.startswith("probe")}
+                for m in found if m.startswith("probe")}
     assert imported <= allowed, imported - allowed

@@ -26,8 +26,9 @@ from torch import nn
 from probe.device import resolve_device
 from probe.errors import ConfigError, OutputError
 from probe.fit_config import FitConfig as _Defaults
-from probe.format import HOOK_OF_KIND, Attr, split_key
+from probe.format import Attr, split_key
 from probe.read import FeatureFile, open_checked
+from probe.stats import select_keys
 
 __all__ = ["fit_probes", "write_table", "format_table", "default_out_dir", "COLUMNS"]
 
@@ -82,7 +83,7 @@ def fit_probes(path: str | Path, keys: list[str] | None = None, *,
         if len(classes) < 2:
             raise ConfigError(f"every row of {str(f.path)!r} has target {classes[0]}; a probe "
                               "needs at least two classes")
-        selected = _select_keys(f, keys)
+        selected = select_keys(f, keys)
         token_rows = [key for key in selected if f.per_token(key)]
         if token_rows:
             raise ConfigError(
@@ -125,33 +126,6 @@ def _check_options(test_fraction, folds, epochs, batch_size, lr, weight_decay) -
         raise ConfigError(f"lr={lr} must be positive, e.g. 0.01")
     if weight_decay < 0:
         raise ConfigError(f"weight_decay={weight_decay} must be 0 or more")
-
-
-def _select_keys(f: FeatureFile, keys: list[str] | None) -> list[str]:
-    if keys is None:
-        if not f.features:
-            raise ConfigError(f"{str(f.path)!r} holds no layer datasets; run probe with layers")
-        return sorted(f.features, key=_model_order(f))
-    selected: list[str] = []
-    for key in map(str, [keys] if isinstance(keys, str) else keys):
-        if "/" not in key and f.kinds(key):
-            selected += sorted((f"{key}/{kind}" for kind in f.kinds(key)), key=_model_order(f))
-        else:
-            f.require(key if "/" in key else f"{key}/output")
-            selected.append(key)
-    return list(dict.fromkeys(selected))
-
-
-def _model_order(f: FeatureFile):
-    # HDF5 lists groups alphabetically; the run's `layers` attr has them in the model's order
-    layers = [str(name) for name in f.attrs.get("layers", [])]
-    kinds = list(HOOK_OF_KIND)
-
-    def position(key: str) -> tuple[int, int]:
-        layer, kind = split_key(key)
-        return (layers.index(layer) if layer in layers else len(layers),
-                kinds.index(kind) if kind in kinds else len(kinds))
-    return position
 
 
 def _splits(targets: np.ndarray, test_fraction: float, folds: int | None,

@@ -2,13 +2,14 @@
 
     LD_PRELOAD=killwrite.so python tests/crash/driver.py ROOT SPEC.json
 
-SPEC holds ``overrides`` (the run's config), ``keys`` (the datasets to compare), and which kill
-points to try: ``every`` (1: each write) and ``mode`` (``kill``: SIGKILL before the write;
-``enospc``: that write and all later ones fail as on a full disk). The process imports torch
-once and forks a child per run, so a kill point costs a fraction of a second. Each child that
-reruns must finish with status 0 and a file equal to the uninterrupted run's, value for value.
-Prints one JSON line: the number of writes, the points tried, and the ones that failed, with
-the rerun's error.
+SPEC holds ``overrides`` (the run's config), ``keys`` (the datasets to compare), which kill
+points to try: ``points`` (that many, spread evenly over the run's writes, the first and the
+last among them; null: every write), and ``mode`` (``kill``: SIGKILL before the write;
+``enospc``: that write and all later ones fail as on a full disk). The process makes the
+uninterrupted run itself (so that it imports everything once) and forks a child per run, so a
+kill point costs a fraction of a second. Each child that reruns must finish with status 0 and
+a file equal to the uninterrupted run's, value for value. Prints one JSON line: the number of
+writes, the points tried, and the ones that failed, with the rerun's error.
 """
 
 from __future__ import annotations
@@ -23,17 +24,20 @@ from pathlib import Path
 
 import torch
 
-torch.set_num_threads(1)  # the children compute; a forked OpenMP pool could hang them
+torch.set_num_threads(1)  # no OpenMP pool that a forked child would inherit half of
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
+import tqdm  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 import probe  # noqa: E402
 from probe.config import CONFIG_DIR  # noqa: E402
+
+tqdm.tqdm.monitor_interval = 0  # no monitor thread, which a forked child would not have
 
 _SHIM = ctypes.CDLL(None)  # the preloaded shim's symbols
 _SHIM.killwrite_arm.argtypes = [ctypes.c_long, ctypes.c_int]
@@ -69,13 +73,11 @@ def _in_child(task) -> tuple[int, str]:
     return status, said
 
 
-def _run(overrides: list[str], path: Path, at: int = -1, enospc: bool = False,
-         count: Path | None = None) -> tuple[int, str]:
+def _run(overrides: list[str], path: Path, at: int = -1, enospc: bool = False
+         ) -> tuple[int, str]:
     def task():
         _SHIM.killwrite_arm(at, int(enospc))
         probe.run(_cfg(overrides, path))
-        if count is not None:
-            count.write_text(str(_SHIM.killwrite_count()))
     return _in_child(task)
 
 
@@ -98,11 +100,13 @@ def main() -> None:
     shutil.rmtree(root, ignore_errors=True)
     reference = root / "reference" / "features.h5"
     reference.parent.mkdir(parents=True)
-    status, said = _run(overrides, reference, count=root / "writes")
-    if status != 0:
-        raise SystemExit(f"the uninterrupted run failed: {said}")
-    writes = int((root / "writes").read_text())
-    points = sorted({*range(1, writes + 1, int(spec.get("every", 1))), writes})
+    # the uninterrupted run, here: it also imports, once, what every child would import again
+    _SHIM.killwrite_arm(-1, 0)
+    probe.run(_cfg(overrides, reference))
+    writes = int(_SHIM.killwrite_count())
+    wanted = spec.get("points")
+    points = (list(range(1, writes + 1)) if wanted is None or wanted >= writes else
+              sorted({int(round(p)) for p in np.linspace(1, writes, int(wanted))}))
     failed = []
     for k in points:
         path = root / f"k{k}" / "features.h5"
