@@ -147,7 +147,8 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     resume = (0, 0, 0) if found is None else _resume_point(found, selection, batching)
     if found is not None:
         log.info("resuming %s after %d committed rows", found.path, resume[1])
-    with_target = feed.has_targets(dataset)
+    batches = _dry_batches(feed, dataset, selection, settings.skip_bad)
+    with_target = feed.has_targets(dataset, int(batches[0].index[0]))
     objective, objective_name = (make_objective(settings.objective, family, model)
                                  if settings.needs_grad else (None, None))
     if objective_name == "target" and not with_target:
@@ -159,7 +160,6 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
                       reduce_by_layer=settings.reduce_by_layer, dtype=settings.output.dtype,
                       stop_early=settings.stop_early)
     started = time.perf_counter()
-    batches = _dry_batches(feed, dataset, selection, settings.skip_bad)
     shown = dry_run(capture, family, feed, batches, device, objective)
     dry_run_seconds = time.perf_counter() - started
     pool = settings.tokens

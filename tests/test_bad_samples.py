@@ -129,3 +129,11 @@ def test_corpora_that_cannot_be_read(make_cfg, tiny_lm, tmp_path, content, messa
         probe.run(make_cfg("model=transformers", f"model.name={tiny_lm}", "dataset=text",
                            f"dataset.path={corpus}", "layers=[transformer.h.0]"))
     assert no_h5_files(tmp_path)
+
+
+def test_skip_when_the_very_first_sample_is_broken(make_cfg, folder):
+    (folder / "a" / "0.png").write_bytes(b"not a picture either")
+    path = probe.run(make_cfg(*RUN, f"dataset.root={folder}", "dataset.on_error=skip"))
+    with probe.open(path) as f:  # the dry run and the targets come from the first that loads
+        assert f["skipped"][:].tolist() == [0, 7] and f.index.tolist()[0] == 1
+        assert f.target.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]

@@ -136,8 +136,9 @@ class Feed(Protocol):
     hint: str  # what to check when the model fails on the dry run
     targets_hint: str  # how a dataset of this kind has targets (for objective=target)
 
-    def has_targets(self, dataset: Dataset) -> bool:
-        """Whether the dataset's samples have targets (stored as /target)."""
+    def has_targets(self, dataset: Dataset, sample: int) -> bool:
+        """Whether the dataset's samples have targets (stored as /target), as ``sample``, one
+        that loads, shows."""
 
     def loader(self, dataset: Dataset, selection: Selection,
                batching: Batching) -> Iterable[Batch]:

@@ -32,8 +32,8 @@ class TensorFeed:
     hint = "a dataset.image_size too small for it?"
     targets_hint = "items (input, target)"
 
-    def has_targets(self, dataset: Dataset) -> bool:
-        return split_item(dataset[0])[1] is not None
+    def has_targets(self, dataset: Dataset, sample: int) -> bool:
+        return split_item(dataset[sample])[1] is not None
 
     def loader(self, dataset: Dataset, selection: Selection,
                batching: Batching) -> Iterable[Batch]:

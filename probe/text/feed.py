@@ -60,7 +60,7 @@ class TextFeed:
     hint = "a dataset.max_length beyond the model's positions?"
     targets_hint = "dataset.label_column, a column of integer labels"
 
-    def has_targets(self, dataset: Sequences) -> bool:
+    def has_targets(self, dataset: Sequences, sample: int) -> bool:
         return dataset.label_column is not None
 
     def loader(self, dataset: Sequences, selection: Selection, batching: Batching):

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -38,6 +39,9 @@ import probe  # noqa: E402
 from probe.config import CONFIG_DIR  # noqa: E402
 
 tqdm.tqdm.monitor_interval = 0  # no monitor thread, which a forked child would not have
+# tqdm's default lock is a semaphore shared by forked processes: a child killed while it held
+# it would block every later child; a lock of each process's own cannot be left held
+tqdm.tqdm.set_lock(threading.RLock())
 
 _SHIM = ctypes.CDLL(None)  # the preloaded shim's symbols
 _SHIM.killwrite_arm.argtypes = [ctypes.c_long, ctypes.c_int]
