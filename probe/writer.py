@@ -102,7 +102,8 @@ class BackgroundWriter:
                 group.append((part, skipped))
                 if not ends_group:
                     continue
-                parts = [p for p, _ in group]
+                # a batch whose samples were all left out has no values: it adds nothing
+                parts = [p for p, _ in group if len(p[0])] or [group[0][0]]
                 in_order = len(parts) == 1 and bool((np.diff(np.asarray(parts[0][0])) > 0).all())
                 self.store.append(*(parts[0] if in_order else
                                     in_dataset_order(parts, self.store.per_position_keys)),

@@ -116,6 +116,9 @@ def test_bad_documents_of_a_corpus(make_cfg, tiny_lm, tmp_path, caplog):
     with probe.open(path) as f:
         assert f.index.tolist() == [0, 2, 4] and f["skipped"][:].tolist() == [1, 3]
         assert len(f.offsets) == 4
+        # every token row is there (the bad documents sort first in their group, alone)
+        assert f["transformer.h.0/output"].shape == (int(f.offsets[-1]), 32)
+        assert f["input_ids"].shape == (int(f.offsets[-1]),)
 
 
 @pytest.mark.parametrize(("content", "message"), [
