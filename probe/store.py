@@ -350,6 +350,7 @@ class Store:
         for key, (first, waiting) in list(self._pending.items()):  # the last, short chunks
             _append_rows(self._file[key], first, first + len(waiting), waiting)
             del self._pending[key]
+        self._check_lengths()
         self._file.attrs.modify(Attr.NUM_SAMPLES, self.num_written)
         self.commit()
         # complete only once every row is committed; a kill before the rename leaves a complete
@@ -358,6 +359,17 @@ class Store:
         self._file.close()
         os.replace(self.partial, self.path)
         return self.path
+
+    def _check_lengths(self) -> None:
+        # our own invariant, before a file is called complete: every dataset holds a row per
+        # sample (or per position), no fewer, no more
+        for name in dataset_names(self._file):
+            if name in (OFFSETS, SKIPPED):
+                continue
+            want = self.positions_written if name in self._per_position else self.num_written
+            if len(self._file[name]) != want:
+                raise RuntimeError(f"{name} holds {len(self._file[name])} rows, not {want}; "
+                                   "the file is left unfinished")
 
     def close(self) -> None:
         """Close without finishing (nothing to do after ``finish``). A file this store created
