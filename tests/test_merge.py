@@ -48,7 +48,10 @@ def test_three_shards_merge_into_the_single_run(shards, single, tmp_path):
 
 
 def test_the_merged_file_moves_with_its_shards(shards, single, tmp_path):
-    merge(tmp_path / "merged.h5", shards(2))
+    merged = merge(tmp_path / "merged.h5", shards(2))
+    with h5py.File(merged, "r") as f:  # relative, as the links are
+        sources = [str(name) for name in f.attrs["merged_from"]]
+    assert sources and not any(os.path.isabs(name) for name in sources), sources
     moved = tmp_path.parent / f"{tmp_path.name}-moved"
     os.rename(tmp_path, moved)
     try:
