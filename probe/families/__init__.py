@@ -73,6 +73,12 @@ class Family:
         this family's classes."""
         return False
 
+    def specialise(self, model: nn.Module) -> Family:
+        """The family that serves this built model, where one library's models read different
+        kinds of input (a Hugging Face checkpoint reads token ids, pixels or sound, each served
+        by a module of its own); ``self`` by default."""
+        return self
+
     def transform(self, model_cfg: DictConfig) -> Callable | None:
         """The evaluation preprocessing that the model was trained with (for
         ``dataset.transform=auto``), found from its config without building it; None: the
@@ -159,7 +165,8 @@ def known_families() -> list[Family]:
 
 def family_for(model_cfg: DictConfig | None, model: nn.Module | None = None) -> Family:
     """The family of a model: the ``FAMILY`` of the module that builds it (by its config's
-    ``_target_``), else the first known family that recognises ``model``, else ``Family()``."""
+    ``_target_``), else the first known family that recognises ``model``, else ``Family()``;
+    given the built model, the family that it specialises to (``Family.specialise``)."""
     target = str((model_cfg or {}).get("_target_", "") or "")
     module_name = target.rpartition(".")[0]
     if module_name:
@@ -168,11 +175,11 @@ def family_for(model_cfg: DictConfig | None, model: nn.Module | None = None) -> 
         except ImportError:
             family = None
         if isinstance(family, Family):
-            return family
+            return family if model is None else family.specialise(model)
     if model is not None:
         for family in known_families():
             if family.recognizes(model):
-                return family
+                return family.specialise(model)
     return Family()
 
 

@@ -9,6 +9,7 @@ needs it while probing) and in eval mode. ``weights=pretrained`` loads the weigh
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from collections.abc import Callable
@@ -26,7 +27,15 @@ log = logging.getLogger(__name__)
 
 # model.head -> the Auto class that builds it
 HEADS = {"causal_lm": "AutoModelForCausalLM", "masked_lm": "AutoModelForMaskedLM",
-         "sequence_classification": "AutoModelForSequenceClassification", "base": "AutoModel"}
+         "sequence_classification": "AutoModelForSequenceClassification",
+         "image_classification": "AutoModelForImageClassification",
+         "ctc": "AutoModelForCTC", "audio_classification": "AutoModelForAudioClassification",
+         "base": "AutoModel"}
+# a checkpoint's main input (its class's ``main_input_name``) -> the module whose FAMILY
+# serves it; checkpoints that read token ids are served by this module's own family
+_BY_INPUT = {"pixel_values": "probe.families.hf_vision",
+             "input_values": "probe.families.hf_audio",
+             "input_features": "probe.families.hf_audio"}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -40,7 +49,8 @@ def transformers_model(name: str, weights: str | None = "pretrained", head: str 
         name: a Hub id (``gpt2``, ``meta-llama/Llama-3.2-1B``) or a folder saved with
             ``save_pretrained``.
         weights: ``pretrained`` (from_pretrained) or None (random init from the config).
-        head: causal_lm, masked_lm, sequence_classification, or base (no head).
+        head: causal_lm, masked_lm, sequence_classification, image_classification, ctc,
+            audio_classification, or base (no head).
         dtype: float32, bfloat16 or float16.
         trust_remote_code: run the model's own code from the Hub (off unless set).
         device_map: ``auto`` spreads a model larger than one device over the GPUs of the node
@@ -103,8 +113,11 @@ def head_of(model: nn.Module) -> str:
         return "causal_lm"
     if name.endswith("ForMaskedLM"):
         return "masked_lm"
-    if name.endswith("ForSequenceClassification"):
-        return "sequence_classification"
+    for suffix, head in (("ForSequenceClassification", "sequence_classification"),
+                         ("ForImageClassification", "image_classification"),
+                         ("ForCTC", "ctc"), ("ForAudioClassification", "audio_classification")):
+        if name.endswith(suffix):
+            return head
     return "base"
 
 
@@ -145,6 +158,17 @@ class TransformersFamily(Family):
         # transformers is only imported by runs that use it
         library = sys.modules.get("transformers")
         return library is not None and isinstance(model, library.PreTrainedModel)
+
+    def specialise(self, model: nn.Module) -> Family:
+        module = _BY_INPUT.get(getattr(model, "main_input_name", "input_ids"))
+        if module is None:
+            return self
+        try:
+            return importlib.import_module(module).FAMILY
+        except ModuleNotFoundError as err:
+            if err.name != module:
+                raise
+            return self
 
     def place(self, model: nn.Module, device: torch.device, asked: str
               ) -> tuple[nn.Module, torch.device]:
