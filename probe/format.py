@@ -78,12 +78,14 @@ class Reduce(str, Enum):
 
 class Tokens(str, Enum):
     """Which rows an output with a token axis, (batch, tokens, ...), gives: one per token, or
-    one per sample (the tokens attr)."""
+    one per sample (the tokens attr); ``patches``: a vision transformer's patch tokens alone
+    (no class or register tokens), one (features, rows, columns) map per sample."""
 
     all = "all"
     first = "first"
     last = "last"
     mean = "mean"
+    patches = "patches"
 
 
 _E = TypeVar("_E", bound=Enum)

@@ -85,6 +85,12 @@ class Family:
         dataset's own default."""
         return None
 
+    def tokenizer(self, model_cfg: DictConfig) -> Callable | None:
+        """The model's own text tokenizer (for ``dataset.tokenizer=auto``), as a callable
+        (list of texts) -> (ids, attention mask), both (B, length) at one fixed length, found
+        from its config; None: the model has none."""
+        return None
+
     def place(self, model: nn.Module, device: torch.device, asked: str
               ) -> tuple[nn.Module, torch.device]:
         """The model on ``device``, and the device its inputs go to."""
@@ -95,6 +101,13 @@ class Family:
 
         Raises:
             ConfigError: saying which data the model reads.
+        """
+
+    def check_layers(self, model: nn.Module, feed, layers: list[str]) -> None:
+        """Refuse layers that this data does not run (a two-tower model's other tower).
+
+        Raises:
+            ConfigError: naming the layer and what the data feeds.
         """
 
     def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:

@@ -1,0 +1,82 @@
+"""What two-tower image-text models share, whatever their library (Hugging Face's CLIP and
+SigLIP, open_clip's): which tower a layer belongs to, the refusal of a layer in a tower that
+the data does not feed, and ``objective=similarity``, each pair's matched image-text logit.
+
+The data says which tower runs: images feed the vision tower, text (a feed of token positions)
+the text tower, image-text pairs (a feed with ``pairs = True``, probe.feeds.pairs) both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+
+from probe.errors import ConfigError
+
+__all__ = ["is_two_tower", "fed_towers", "check_layers", "objective", "similarity"]
+
+
+def is_two_tower(cls: type) -> bool:
+    """Whether a model class has an image tower and a text tower (image and text features)."""
+    return (callable(getattr(cls, "get_image_features", None))
+            and callable(getattr(cls, "get_text_features", None)))
+
+
+def fed_towers(feed) -> tuple[str, ...]:
+    """The towers that a dataset's feed runs."""
+    if getattr(feed, "pairs", False):
+        return ("vision", "text")
+    return ("text",) if feed.positions else ("vision",)
+
+
+def check_layers(model: nn.Module, feed, layers: list[str],
+                 towers: Mapping[str, tuple[str, ...]]) -> None:
+    """Refuse a layer of a tower that the data does not run (``towers``: each tower's
+    top-level module names).
+
+    Raises:
+        ConfigError: naming the layer, its tower, and the tower the data feeds.
+    """
+    fed = fed_towers(feed)
+    for layer in layers:
+        tower = next((name for name, roots in towers.items()
+                      if any(layer == root or layer.startswith(f"{root}.") for root in roots)),
+                     None)
+        if tower is not None and tower not in fed:
+            data = {"text": "text (a text dataset)", "vision": "images"}[fed[0]]
+            raise ConfigError(
+                f"layer {layer} is in the {tower} tower, but this dataset feeds {data}, which "
+                f"runs the {fed[0]} tower only; pick layers of the {fed[0]} tower, or use "
+                "dataset=pairs (images with captions) to run both")
+
+
+def similarity(logits_per_image: torch.Tensor) -> torch.Tensor:
+    """Each pair's matched logit: image i with caption i, the diagonal of the (B, B) logits.
+    Pair i's value depends on its own image and caption only, so its gradients are its own."""
+    return logits_per_image.diagonal()
+
+
+def objective(name: str, logits_of: Callable) -> Callable:
+    """The objective ``name`` of a two-tower model, as (output, batch) -> (B,) values;
+    ``logits_of`` reads the (B, B) image-text logits from the output (None: only one tower
+    ran).
+
+    Raises:
+        ConfigError: a name other than similarity.
+    """
+    if name != "similarity":
+        raise ConfigError(f"objective={name} needs class logits, which a two-tower model does not "
+                          "give; use objective=similarity (each pair's image-text logit) with "
+                          "dataset=pairs, or a _target_ callable")
+
+    def matched(output, batch) -> torch.Tensor:
+        logits = logits_of(output)
+        if logits is None:
+            raise ConfigError("objective=similarity is the matched image-text logit: it needs "
+                              "both towers, fed by dataset=pairs dataset.path=<csv or jsonl of "
+                              "image paths and captions>")
+        return similarity(logits)
+
+    return matched
