@@ -1,0 +1,101 @@
+"""Two-tower image-text models (CLIP, SigLIP): images run the vision tower, text the text
+tower, each row equal to the tower run alone on one image or caption; a layer of the tower that
+the data does not feed is one line. Tiny checkpoints made here; nothing is downloaded."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import probe
+from probe.errors import ConfigError
+from tests.conftest import no_h5_files
+from tests.tiny_text import write_jsonl
+from tests.tiny_vision import CAPTIONS, pictures, tiny_clip
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("two-towers")
+    pictures(root / "images")
+    return {"clip": tiny_clip(root / "clip"), "siglip": tiny_clip(root / "siglip", kind="siglip"),
+            "images": root / "images", "captions": write_jsonl(root / "captions.jsonl",
+                                                                list(CAPTIONS))}
+
+
+def _model(folder):
+    return transformers.AutoModel.from_pretrained(folder).eval()
+
+
+def _hooked(module: torch.nn.Module, run) -> torch.Tensor:
+    seen = []
+    handle = module.register_forward_hook(lambda m, a, out: seen.append(out.detach().clone()))
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        handle.remove()
+    return seen[0][0]
+
+
+@pytest.mark.parametrize("kind", ["clip", "siglip"])
+def test_images_run_the_vision_tower(make_cfg, folders, kind):
+    from PIL import Image
+
+    layer = "vision_model.encoder.layers.1"
+    path = probe.run(make_cfg("model=transformers", f"model.name={folders[kind]}",
+                              "dataset=imagefolder", f"dataset.root={folders['images']}",
+                              f"layers=[{layer},vision_model.encoder.layers.0]",
+                              "tokens=patches", "batch_size=4"))
+    model = _model(folders[kind])
+    processor = transformers.AutoImageProcessor.from_pretrained(folders[kind])
+    prefix = 1 if kind == "clip" else 0  # SigLIP's vision tower has no class token
+    with probe.open(path) as f:
+        stored = f[f"{layer}/output"][:]
+    assert stored.shape == (6, 32, 4, 4)
+    for n, file in enumerate(sorted(folders["images"].glob("*/*.png"))):
+        pixels = processor(images=Image.open(file).convert("RGB"), return_tensors="pt")
+        want = _hooked(dict(model.named_modules())[layer],
+                       lambda p=pixels: model.vision_model(**p))
+        np.testing.assert_allclose(stored[n], want[prefix:].T.reshape(32, 4, 4).numpy(),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_text_runs_the_text_tower(make_cfg, folders):
+    layer = "text_model.encoder.layers.1"
+    path = probe.run(make_cfg("model=transformers", f"model.name={folders['clip']}",
+                              "dataset=text", f"dataset.path={folders['captions']}",
+                              f"layers=[{layer},text_projection]", "batch_size=4"))
+    model = _model(folders["clip"])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folders["clip"])
+    with probe.open(path) as f:
+        rows, offsets = f[f"{layer}/output"][:], f.offsets
+        projected = f["text_projection/output"][:]
+    assert projected.shape == (6, 16)  # the pooled caption's embedding, one row per caption
+    for n, caption in enumerate(CAPTIONS):
+        ids = tokenizer(caption, return_tensors="pt")
+        want = _hooked(dict(model.named_modules())[layer], lambda i=ids: model.text_model(**i))
+        np.testing.assert_allclose(rows[offsets[n]:offsets[n + 1]], want.numpy(), rtol=1e-5,
+                                   atol=1e-5, err_msg=caption)
+        with torch.no_grad():
+            embedding = model.get_text_features(**ids)
+        embedding = getattr(embedding, "pooler_output", embedding)
+        np.testing.assert_allclose(projected[n], embedding[0].numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("data", "layer", "tower"), [
+    (["dataset=imagefolder", "dataset.root={images}"], "text_model.encoder.layers.0", "text"),
+    (["dataset=text", "dataset.path={captions}"], "vision_model.encoder.layers.0", "vision"),
+])
+def test_a_layer_of_the_other_tower_is_one_line(make_cfg, folders, tmp_path, data, layer, tower):
+    data = [d.format(**folders) for d in data]
+    other = {"text": "vision", "vision": "text"}[tower]
+    with pytest.raises(ConfigError, match=rf"layer {layer} is in the {tower} tower.*runs the "
+                                          rf"{other} tower only") as err:
+        probe.run(make_cfg("model=transformers", f"model.name={folders['clip']}", *data,
+                           f"layers=[{layer}]"))
+    assert "\n" not in str(err.value)
+    assert no_h5_files(tmp_path)
