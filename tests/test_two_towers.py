@@ -99,3 +99,60 @@ def test_a_layer_of_the_other_tower_is_one_line(make_cfg, folders, tmp_path, dat
                            f"layers=[{layer}]"))
     assert "\n" not in str(err.value)
     assert no_h5_files(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def pairs(folders):
+    from tests.tiny_vision import write_pairs
+
+    images = sorted(folders["images"].glob("*/*.png"))
+    return write_pairs(folders["images"].parent / "pairs.csv", images)
+
+
+@pytest.mark.parametrize("kind", ["clip", "siglip"])
+def test_pairs_gradients_of_the_matched_logit(make_cfg, folders, pairs, kind):
+    from PIL import Image
+
+    vision, text = "vision_model.encoder.layers.0", "text_model.encoder.layers.1"
+    path = probe.run(make_cfg("model=transformers", f"model.name={folders[kind]}",
+                              "dataset=pairs", f"dataset.path={pairs}",
+                              f"layers=[{vision},{text}]", "hooks=[forward,backward]",
+                              "objective=similarity", "batch_size=4"))
+    model = _model(folders[kind])
+    processor = transformers.AutoImageProcessor.from_pretrained(folders[kind])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folders[kind])
+    modules = dict(model.named_modules())
+    with probe.open(path) as f:
+        stored = {key: f[key][:] for key in (f"{vision}/output", f"{vision}/grad_output",
+                                             f"{text}/output", f"{text}/grad_output")}
+        captions = [str(c) for c in f["caption"].asstr()[:]]
+        files = [str(c) for c in f["file"].asstr()[:]]
+    assert captions == list(CAPTIONS)
+    for n, (file, caption) in enumerate(zip(files, captions, strict=True)):
+        pixels = processor(images=Image.open(pairs.parent / file).convert("RGB"),
+                           return_tensors="pt")["pixel_values"]
+        ids = tokenizer(caption, padding="max_length", max_length=12, return_tensors="pt")
+        seen = {}
+        handles = [modules[name].register_forward_hook(
+            lambda m, a, out, name=name, seen=seen: seen.setdefault(name, out))
+            for name in (vision, text)]
+        logit = model(pixel_values=pixels, **ids).logits_per_image[0, 0]  # the pair alone
+        for handle in handles:
+            handle.remove()
+        grads = torch.autograd.grad(logit, [seen[vision], seen[text]])
+        for name, grad in zip((vision, text), grads, strict=True):
+            np.testing.assert_allclose(stored[f"{name}/output"][n],
+                                       seen[name][0].detach().numpy(), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(stored[f"{name}/grad_output"][n], grad[0].numpy(),
+                                       rtol=1e-4, atol=1e-6, err_msg=f"{name} pair {n}")
+        assert np.abs(stored[f"{text}/grad_output"][n]).max() > 0
+
+
+def test_similarity_needs_pairs(make_cfg, folders, tmp_path):
+    with pytest.raises(ConfigError, match=r"objective=similarity .* needs both towers.*"
+                                          r"dataset=pairs"):
+        probe.run(make_cfg("model=transformers", f"model.name={folders['clip']}",
+                           "dataset=imagefolder", f"dataset.root={folders['images']}",
+                           "layers=[vision_model.encoder.layers.0]", "hooks=[backward]",
+                           "objective=similarity"))
+    assert no_h5_files(tmp_path)

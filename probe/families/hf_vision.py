@@ -123,7 +123,9 @@ class TwoTowerFamily(VisionFamily):
     def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:
         if isinstance(batch.inputs, dict) and "pixel_values" not in batch.inputs:
             return TransformersFamily.token_layout(self, model, batch)  # text: real tokens
-        return super().token_layout(model, batch)  # images; pairs: the image's tokens
+        layout = super().token_layout(model, batch)  # images; pairs: the image's tokens
+        two_towers.check_pair_lengths(batch.inputs, layout)
+        return layout
 
     def forward(self, model: nn.Module, batch, *, input_grad: bool = False):
         inputs = batch.inputs

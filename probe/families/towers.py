@@ -15,7 +15,8 @@ from torch import nn
 
 from probe.errors import ConfigError
 
-__all__ = ["is_two_tower", "fed_towers", "check_layers", "objective", "similarity"]
+__all__ = ["is_two_tower", "fed_towers", "check_layers", "check_pair_lengths", "objective",
+           "similarity"]
 
 
 def is_two_tower(cls: type) -> bool:
@@ -50,6 +51,21 @@ def check_layers(model: nn.Module, feed, layers: list[str],
                 f"layer {layer} is in the {tower} tower, but this dataset feeds {data}, which "
                 f"runs the {fed[0]} tower only; pick layers of the {fed[0]} tower, or use "
                 "dataset=pairs (images with captions) to run both")
+
+
+def check_pair_lengths(inputs, layout) -> None:
+    """Refuse pairs whose padded captions are exactly as long as the image's tokens: a batch
+    has one token layout (the image's), and the text tower's (B, length, D) outputs would be
+    taken for one.
+
+    Raises:
+        ConfigError: saying so.
+    """
+    if isinstance(inputs, dict) and "input_ids" in inputs and layout is not None \
+            and inputs["input_ids"].shape[1] == layout.length:
+        raise ConfigError(f"dataset=pairs: the captions' padded length equals the image's "
+                          f"{layout.length} tokens, so text-tower outputs would be read as "
+                          "image tokens; run the towers apart (an image dataset, dataset=text)")
 
 
 def similarity(logits_per_image: torch.Tensor) -> torch.Tensor:
