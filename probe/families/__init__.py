@@ -10,7 +10,8 @@ objectives they support. The core looks a family up and never names one:
                                    recognises the model's classes, else ``Family()``, the plain
                                    behaviour for any nn.Module
 
-Families shipped: probe.families.torchvision, .timm, .transformers. Adding one is a module that
+Families shipped: probe.families.torchvision, .timm, .transformers (with .hf_vision for
+checkpoints that read pixels), .open_clip. Adding one is a module that
 defines ``FAMILY = register(MyFamily())`` and a YAML file in conf/model/.
 """
 
@@ -34,7 +35,8 @@ __all__ = ["Family", "TokenLayout", "register", "family_for", "known_families",
 # the family modules shipped with probe, by the library whose classes they recognise: one is
 # imported for a lookup by a model's classes only where its library already is
 _SHIPPED = {"torchvision": "probe.families.torchvision", "timm": "probe.families.timm",
-            "transformers": "probe.families.transformers"}
+            "transformers": "probe.families.transformers",
+            "open_clip": "probe.families.open_clip"}
 _REGISTRY: dict[str, Family] = {}
 
 
