@@ -146,3 +146,22 @@ def test_new_weights_are_one_warning_line(make_cfg, folders, caplog):
     said = [r.getMessage() for r in caplog.records if "newly initialised" in r.getMessage()]
     assert len(said) == 1 and "\n" not in said[0] and "pooler" in said[0]
     assert "LOAD REPORT" not in caplog.text
+
+
+def test_layers_lists_the_token_layout_and_patch_shapes(make_cfg, folders, tmp_path):
+    from probe.commands.layers import layer_table
+    from tests.tiny_vision import tiny_clip
+
+    notes: list[str] = []
+    # the default dataset's 224 px images do not suit a 32 px ViT: its own example is listed
+    rows = {row[0]: row for row in layer_table(make_cfg(
+        "model=transformers", f"model.name={folders['dinov2']}", "tokens=patches"), notes)}
+    assert notes == ["token layout: 21 tokens = 5 class/register token(s) + 4x4 patches; "
+                     "tokens=patches stores (features, 4, 4)"]
+    assert rows["encoder.layer.1"][2] == "(32, 4, 4)"
+    clip = tiny_clip(tmp_path / "clip")
+    rows = {row[0]: row for row in layer_table(make_cfg(
+        "model=transformers", f"model.name={clip}", "tokens=first"))}
+    assert rows["name"][-1] == "tower"
+    assert rows["vision_model.encoder.layers.1"][2:] == ("(32,)", "128 B", "vision")
+    assert rows["text_model.encoder.layers.1"][2:] == ("(12, 32)", "1.5 KiB", "text")

@@ -150,6 +150,13 @@ class TwoTowerFamily(VisionFamily):
     def objective(self, name: str, model: nn.Module) -> Callable:
         return two_towers.objective(name, lambda output: self.logits(output))
 
+    def example_batch(self, model: nn.Module):
+        # an image and a caption at the text tower's length: the whole model runs
+        image = super().example_batch(model).inputs
+        text = model.config.text_config
+        return two_towers.example_pair(image, int(text.max_position_embeddings),
+                                       int(text.vocab_size))
+
 
 FAMILY = register(VisionFamily())
 TWO_TOWERS = register(TwoTowerFamily())

@@ -160,12 +160,11 @@ class OpenClipFamily(Family):
         return two_towers.objective(name, self.logits)
 
     def example_batch(self, model: nn.Module):
-        from probe.feeds import Batch
-
+        # an image and a caption at the context length: both towers run
         size = getattr(model.visual, "image_size", 224)
         size = (size, size) if isinstance(size, int) else tuple(size)
-        return Batch(torch.zeros(1, dtype=torch.int64), torch.full((1,), -1),
-                     torch.zeros(1, 3, *size))
+        return two_towers.example_pair(torch.zeros(1, 3, *size), int(model.context_length),
+                                       int(model.vocab_size))
 
 
 FAMILY = register(OpenClipFamily())

@@ -15,8 +15,8 @@ from torch import nn
 
 from probe.errors import ConfigError
 
-__all__ = ["is_two_tower", "fed_towers", "check_layers", "check_pair_lengths", "objective",
-           "similarity"]
+__all__ = ["is_two_tower", "fed_towers", "tower_of", "check_layers", "check_pair_lengths",
+           "objective", "similarity", "example_pair"]
 
 
 def is_two_tower(cls: type) -> bool:
@@ -32,6 +32,13 @@ def fed_towers(feed) -> tuple[str, ...]:
     return ("text",) if feed.positions else ("vision",)
 
 
+def tower_of(layer: str, towers: Mapping[str, tuple[str, ...]]) -> str | None:
+    """The tower that ``layer`` belongs to (``towers``: each tower's top-level module names);
+    None for a module of neither (the whole model)."""
+    return next((name for name, roots in towers.items()
+                 if any(layer == root or layer.startswith(f"{root}.") for root in roots)), None)
+
+
 def check_layers(model: nn.Module, feed, layers: list[str],
                  towers: Mapping[str, tuple[str, ...]]) -> None:
     """Refuse a layer of a tower that the data does not run (``towers``: each tower's
@@ -42,9 +49,7 @@ def check_layers(model: nn.Module, feed, layers: list[str],
     """
     fed = fed_towers(feed)
     for layer in layers:
-        tower = next((name for name, roots in towers.items()
-                      if any(layer == root or layer.startswith(f"{root}.") for root in roots)),
-                     None)
+        tower = tower_of(layer, towers)
         if tower is not None and tower not in fed:
             data = {"text": "text (a text dataset)", "vision": "images"}[fed[0]]
             raise ConfigError(
@@ -96,3 +101,13 @@ def objective(name: str, logits_of: Callable) -> Callable:
         return similarity(logits)
 
     return matched
+
+
+def example_pair(pixels: torch.Tensor, length: int, vocab: int):
+    """A batch of one image (``pixels``, (1, C, H, W)) and one caption of ``length`` token ids
+    of the model's vocabulary: both towers run, for listing their layers without data."""
+    from probe.feeds import Batch
+
+    ids = (torch.arange(length) % vocab).view(1, -1)
+    return Batch(torch.zeros(1, dtype=torch.int64), torch.full((1,), -1),
+                 {"pixel_values": pixels, "input_ids": ids, "attention_mask": torch.ones_like(ids)})
