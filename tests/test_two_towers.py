@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import probe
-from probe.errors import ConfigError
+from probe.errors import ConfigError, DataError
 from tests.conftest import no_h5_files
 from tests.tiny_text import write_jsonl
 from tests.tiny_vision import CAPTIONS, pictures, tiny_clip
@@ -155,4 +155,18 @@ def test_similarity_needs_pairs(make_cfg, folders, tmp_path):
                            "dataset=imagefolder", f"dataset.root={folders['images']}",
                            "layers=[vision_model.encoder.layers.0]", "hooks=[backward]",
                            "objective=similarity"))
+    assert no_h5_files(tmp_path)
+
+
+@pytest.mark.parametrize(("extra", "error", "message"), [
+    (["dataset.text_column=caption"], ConfigError,
+     r"dataset.text_column='caption' is not a column of .*pairs.csv; it has image, text"),
+    (["dataset.path=/no/such/pairs.csv"], DataError, r"no such file"),
+])
+def test_bad_pairs_are_one_line(make_cfg, folders, pairs, tmp_path, extra, error, message):
+    with pytest.raises(error, match=message) as err:
+        probe.run(make_cfg("model=transformers", f"model.name={folders['clip']}",
+                           "dataset=pairs", f"dataset.path={pairs}", *extra,
+                           "layers=[vision_model.encoder.layers.0]"))
+    assert "\n" not in str(err.value)
     assert no_h5_files(tmp_path)
