@@ -122,7 +122,7 @@ class Attr:
     MERGED_ORDER = "merged_order"  # "dataset", or "shards" (text runs: shard after shard)
     DATA_FINGERPRINT = "data_fingerprint"
     MODEL_FINGERPRINT = "model_fingerprint"
-    TOKENS = "tokens"  # how token layouts became rows: all, first, last, mean
+    TOKENS = "tokens"  # how token layouts became rows: all, first, last, mean, patches
     # each "<layer>/<kind>" dataset
     LAYER = "layer"
     HOOK = "hook"

@@ -159,7 +159,7 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     capture = Capture(model, settings.layers, settings.hooks, reduce=settings.reduce,
                       reduce_by_layer=settings.reduce_by_layer, dtype=settings.output.dtype,
                       stop_early=settings.stop_early)
-    family.check_layers(model, feed, capture.layers)
+    family.check_layers(model, feed, capture.reduces)
     started = time.perf_counter()
     shown = dry_run(capture, family, feed, batches, device, objective)
     dry_run_seconds = time.perf_counter() - started

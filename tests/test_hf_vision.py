@@ -165,3 +165,14 @@ def test_layers_lists_the_token_layout_and_patch_shapes(make_cfg, folders, tmp_p
     assert rows["name"][-1] == "tower"
     assert rows["vision_model.encoder.layers.1"][2:] == ("(32,)", "128 B", "vision")
     assert rows["text_model.encoder.layers.1"][2:] == ("(12, 32)", "1.5 KiB", "text")
+
+
+def test_patches_of_a_language_model_are_refused(make_cfg, tiny_lm, tmp_path):
+    from tests.tiny_text import documents, write_jsonl
+
+    docs = write_jsonl(tmp_path / "docs.jsonl", documents(3))
+    with pytest.raises(ConfigError, match=r"tokens=patches on transformer.h.1/output, a token "
+                                          r"layout of .* without a patch grid"):
+        probe.run(make_cfg("model=transformers", f"model.name={tiny_lm}", "dataset=text",
+                           f"dataset.path={docs}", "layers=[transformer.h.1]",
+                           "tokens=patches"))

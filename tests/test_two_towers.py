@@ -170,3 +170,13 @@ def test_bad_pairs_are_one_line(make_cfg, folders, pairs, tmp_path, extra, error
                            "layers=[vision_model.encoder.layers.0]"))
     assert "\n" not in str(err.value)
     assert no_h5_files(tmp_path)
+
+
+def test_a_reduce_of_the_text_tower_in_pairs_is_refused(make_cfg, folders, pairs, tmp_path):
+    layer = "text_model.encoder.layers.1"
+    with pytest.raises(ConfigError, match=rf"reduce=mean on {layer}: in a pairs run the text "
+                                          r"tower's outputs are stored whole"):
+        probe.run(make_cfg("model=transformers", f"model.name={folders['clip']}",
+                           "dataset=pairs", f"dataset.path={pairs}", f"layers=[{layer}]",
+                           "reduce=mean"))
+    assert no_h5_files(tmp_path)

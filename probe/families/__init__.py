@@ -105,8 +105,9 @@ class Family:
             ConfigError: saying which data the model reads.
         """
 
-    def check_layers(self, model: nn.Module, feed, layers: list[str]) -> None:
-        """Refuse layers that this data does not run (a two-tower model's other tower).
+    def check_layers(self, model: nn.Module, feed, reduces) -> None:
+        """Refuse layers that this data does not run (a two-tower model's other tower), or
+        whose reduce it cannot honour; ``reduces``: each hooked layer's reduce (a Reduce).
 
         Raises:
             ConfigError: naming the layer and what the data feeds.

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from omegaconf import DictConfig
@@ -29,6 +29,7 @@ from probe.errors import ConfigError, DataError
 from probe.families import Family, TokenLayout, register
 from probe.families import towers as two_towers
 from probe.families.transformers import TransformersFamily, source_of
+from probe.format import Reduce
 
 __all__ = ["VisionFamily", "TwoTowerFamily", "ImageProcessorTransform", "FAMILY", "TWO_TOWERS"]
 
@@ -117,8 +118,8 @@ class TwoTowerFamily(VisionFamily):
     def check_data(self, model: nn.Module, feed) -> None:
         pass  # images, text and pairs: each feeds a tower, or both
 
-    def check_layers(self, model: nn.Module, feed, layers: list[str]) -> None:
-        two_towers.check_layers(model, feed, layers, self.towers)
+    def check_layers(self, model: nn.Module, feed, reduces: Mapping[str, Reduce]) -> None:
+        two_towers.check_layers(model, feed, reduces, self.towers)
 
     def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:
         if isinstance(batch.inputs, dict) and "pixel_values" not in batch.inputs:

@@ -14,7 +14,7 @@ image-text pairs (dataset=pairs) the whole model, with ``objective=similarity``.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -25,6 +25,7 @@ from probe.checkpoints import load_checkpoint, looks_like_path
 from probe.errors import ConfigError, DataError
 from probe.families import Family, TokenLayout, register
 from probe.families import towers as two_towers
+from probe.format import Reduce
 
 __all__ = ["open_clip_model", "OpenClipTokenizer", "FAMILY"]
 
@@ -117,8 +118,8 @@ class OpenClipFamily(Family):
                 "context length: use dataset=pairs (images with captions); dataset=text is for "
                 "Hugging Face tokenizers")
 
-    def check_layers(self, model: nn.Module, feed, layers: list[str]) -> None:
-        two_towers.check_layers(model, feed, layers, self.towers)
+    def check_layers(self, model: nn.Module, feed, reduces: Mapping[str, Reduce]) -> None:
+        two_towers.check_layers(model, feed, reduces, self.towers)
 
     def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:
         inputs = batch.inputs

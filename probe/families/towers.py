@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from probe.errors import ConfigError
+from probe.format import Reduce
 
 __all__ = ["is_two_tower", "fed_towers", "tower_of", "check_layers", "check_pair_lengths",
            "objective", "similarity", "example_pair"]
@@ -39,16 +40,17 @@ def tower_of(layer: str, towers: Mapping[str, tuple[str, ...]]) -> str | None:
                  if any(layer == root or layer.startswith(f"{root}.") for root in roots)), None)
 
 
-def check_layers(model: nn.Module, feed, layers: list[str],
+def check_layers(model: nn.Module, feed, reduces: Mapping[str, Reduce],
                  towers: Mapping[str, tuple[str, ...]]) -> None:
     """Refuse a layer of a tower that the data does not run (``towers``: each tower's
-    top-level module names).
+    top-level module names), and, in a pairs run, a reduce of a text-tower layer: its
+    (N, length, D) outputs are stored whole, and a reduce would pool their features.
 
     Raises:
         ConfigError: naming the layer, its tower, and the tower the data feeds.
     """
     fed = fed_towers(feed)
-    for layer in layers:
+    for layer, reduce in reduces.items():
         tower = tower_of(layer, towers)
         if tower is not None and tower not in fed:
             data = {"text": "text (a text dataset)", "vision": "images"}[fed[0]]
@@ -56,6 +58,12 @@ def check_layers(model: nn.Module, feed, layers: list[str],
                 f"layer {layer} is in the {tower} tower, but this dataset feeds {data}, which "
                 f"runs the {fed[0]} tower only; pick layers of the {fed[0]} tower, or use "
                 "dataset=pairs (images with captions) to run both")
+        if len(fed) > 1 and tower == "text" and reduce in (Reduce.mean, Reduce.max):
+            raise ConfigError(
+                f"reduce={reduce.name} on {layer}: in a pairs run the text tower's outputs are "
+                "stored whole, (N, length, features), and it would pool the features; leave "
+                f"this layer out of the reduce ('reduce_by_layer={{{layer}:none}}'), or pool "
+                "its tokens with dataset=text tokens=mean")
 
 
 def check_pair_lengths(inputs, layout) -> None:
