@@ -35,7 +35,8 @@ def build_model(cfg: DictConfig) -> nn.Module:
 def build_dataset(cfg: DictConfig) -> Dataset:
     """The config's dataset. With ``dataset.transform=auto``, a model whose family has its own
     evaluation preprocessing (named torchvision weights, timm) gives the dataset that
-    transform. ``dataset.on_error`` is probe's (how the loader treats a bad sample), not the
+    transform, and with ``dataset.tokenizer=auto`` its text tokenizer (image-text pairs).
+    ``dataset.on_error`` is probe's (how the loader treats a bad sample), not the
     dataset's: it is left out of the dataset's arguments.
 
     Raises:
@@ -45,13 +46,15 @@ def build_dataset(cfg: DictConfig) -> Dataset:
     if "on_error" in node:  # resolved first: its interpolations point into the whole config
         values = OmegaConf.to_container(node, resolve=True)
         node = OmegaConf.create({k: v for k, v in values.items() if k != "on_error"})
-    if str(node.get("transform", "")) == "auto":
-        from probe.families import family_for
+    own = {}  # what the model's family gives for the keys set to auto
+    for key in ("transform", "tokenizer"):
+        if str(node.get(key, "")) == "auto":
+            from probe.families import family_for
 
-        transform = family_for(cfg.model).transform(cfg.model)
-        if transform is not None:
-            return _instantiate(node, "dataset", transform=transform)
-    return _instantiate(node, "dataset")
+            made = getattr(family_for(cfg.model), key)(cfg.model)
+            if made is not None:
+                own[key] = made
+    return _instantiate(node, "dataset", **own)
 
 
 def _instantiate(node: DictConfig, what: str, **kwargs):

@@ -115,7 +115,8 @@ class ProbeConfig:
     reduce: Reduce = Reduce.none
     # outputs with (batch, sequence) leading axes (language models, vision transformers): all
     # (one row per real token; padding is never stored), first, last (the last real token),
-    # or mean (over the real tokens): one row per sample
+    # or mean (over the real tokens): one row per sample; patches: a vision transformer's
+    # patch tokens alone (no class or register tokens) as (N, features, rows, columns)
     tokens: Tokens = Tokens.all
     # exceptions to `reduce`, {layer name or glob: reduce}, e.g. {layer4: none}; a layer's own
     # name beats a glob. Typed Any with a null default: Hydra merges a dict from the command line

@@ -34,6 +34,8 @@ class DryRun:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # batch axis first
     layouts: set[str] = field(default_factory=set)  # keys whose tensors follow the layout
     axis: str = "position"  # what the layout's positions are called (the family's word)
+    prefix: int = 0  # the layout's special tokens before its patches (vision transformers)
+    grid: tuple[int, int] | None = None  # the patch grid (rows, columns), where it has one
 
 
 def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.device,
@@ -50,7 +52,7 @@ def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.
     kinds = sorted({_SHAPE_SOURCE[hook.kind] for hook in capture.hooks})
     shapes: list[dict[str, tuple[int, ...]]] = []
     lengths: list[int | None] = []
-    axis = "position"
+    axis, prefix, grid = "position", 0, None
     for n, batch in enumerate(batches):
         # The first pass runs the whole model and counts how often each hooked module runs;
         # later ones only need the hooked modules' shapes.
@@ -61,6 +63,8 @@ def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.
         layout = family.token_layout(capture.model, batch)
         lengths.append(None if layout is None else layout.length)
         axis = axis if layout is None else layout.axis
+        if layout is not None and n == 0:
+            prefix, grid = layout.prefix, layout.grid
         on_device = batch.to(device)
         with dry, torch.inference_mode(), suppress(StopForward):
             output = _forward(family, feed, capture.model, on_device)
@@ -70,7 +74,7 @@ def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.
         if n == 0:
             capture.calls = dry.calls
             capture.tuple_positions.update(dry.tuple_positions)
-    found = DryRun(axis=axis)
+    found = DryRun(axis=axis, prefix=prefix, grid=grid)
     for key in capture.keys:
         layer, kind = split_key(key)
         kind, call = parse_kind(kind)

@@ -78,12 +78,14 @@ class Reduce(str, Enum):
 
 class Tokens(str, Enum):
     """Which rows an output with a token axis, (batch, tokens, ...), gives: one per token, or
-    one per sample (the tokens attr)."""
+    one per sample (the tokens attr); ``patches``: a vision transformer's patch tokens alone
+    (no class or register tokens), one (features, rows, columns) map per sample."""
 
     all = "all"
     first = "first"
     last = "last"
     mean = "mean"
+    patches = "patches"
 
 
 _E = TypeVar("_E", bound=Enum)
@@ -120,7 +122,7 @@ class Attr:
     MERGED_ORDER = "merged_order"  # "dataset", or "shards" (text runs: shard after shard)
     DATA_FINGERPRINT = "data_fingerprint"
     MODEL_FINGERPRINT = "model_fingerprint"
-    TOKENS = "tokens"  # how token layouts became rows: all, first, last, mean
+    TOKENS = "tokens"  # how token layouts became rows: all, first, last, mean, patches
     # each "<layer>/<kind>" dataset
     LAYER = "layer"
     HOOK = "hook"

@@ -261,6 +261,9 @@ class Capture:
                 "an infinity; use output.dtype=float32, or bfloat16"
             )
         values, self._values = {key: self._values[key] for key in self.keys}, {}
+        # the next pass counts its runs from 0 even where the family does not call the root
+        # module (a two-tower model's get_image_features), whose pre-hook also resets them
+        self._ran.clear()
         self._armed = self.stop_early
         self.copied = None
         if self._copying:  # an event after the copies, on each device's queue of work

@@ -9,7 +9,9 @@ dry run and ``probe.layers``.
 An output with a token axis (``layout`` given: language models' tokens, vision transformers'
 class, register and patch tokens) gives one row per kept position (``per_position``, with
 ``tokens=all``), or per sample (``first``, ``last``, ``mean``; a vision transformer's
-``all`` keeps its (tokens, features) rows); then the reduce applies to what is left.
+``all`` keeps its (tokens, features) rows, and ``patches`` lays its patch tokens out on the
+patch grid, (features, rows, columns), as a conv map is); then the reduce applies to what is
+left.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import torch
 from probe.errors import ConfigError
 from probe.format import Reduce, Tokens, split_key
 
-__all__ = ["KeyTransform", "key_transform", "transforms_for", "select_tokens", "reduce_tensor"]
+__all__ = ["KeyTransform", "key_transform", "transforms_for", "select_tokens", "patch_map",
+           "reduce_tensor"]
 
 
 @dataclass(frozen=True)
@@ -36,26 +39,33 @@ class KeyTransform:
     dtype: torch.dtype | None  # the stored type; None keeps the captured tensor's
     row_shape: tuple[int, ...]  # one stored row
     dims: tuple[str, ...]  # the name of each stored axis, rows first
+    prefix: int = 0  # tokens=patches: the special tokens before the patches
+    grid: tuple[int, int] | None = None  # tokens=patches: the patch grid (rows, columns)
 
     def __call__(self, value: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """The stored rows of a captured (B, ...) tensor (cast by the caller, which copies);
         ``keep`` marks the kept positions of a token layout."""
-        if self.pool is not None:
+        if self.pool is Tokens.patches:
+            value = patch_map(value, self.prefix, self.grid)
+        elif self.pool is not None:
             value = select_tokens(value, keep, self.pool)
         return reduce_tensor(value, self.reduce)
 
 
 def key_transform(key: str, raw_shape: tuple[int, ...], *, reduce: Reduce,
                   dtype: torch.dtype | None = None, tokens: Tokens | None = None,
-                  per_position: bool = False, axis: str = "token") -> KeyTransform:
+                  per_position: bool = False, axis: str = "token", prefix: int = 0,
+                  grid: tuple[int, int] | None = None) -> KeyTransform:
     """The transform of ``key``, whose captured tensor has ``raw_shape`` (batch axis first).
 
     ``tokens`` (None for a tensor without a token axis) pools a token layout whose positions
     are named ``axis``; ``per_position`` stores its kept positions as rows (``tokens=all`` of
-    a sequence with a mask of real positions).
+    a sequence with a mask of real positions); ``prefix`` and ``grid`` say where a vision
+    transformer's patches are, for ``tokens=patches``.
 
     Raises:
-        ConfigError: a reduce that would pool a token layout's features.
+        ConfigError: a reduce that would pool a token layout's features; tokens=patches on a
+            layout without a patch grid.
     """
     rows = tuple(raw_shape[1:])
     per_position = per_position and tokens is Tokens.all
@@ -63,9 +73,15 @@ def key_transform(key: str, raw_shape: tuple[int, ...], *, reduce: Reduce,
         dims = _plain_dims(len(rows))
     elif tokens is Tokens.all:
         if reduce in (Reduce.mean, Reduce.max):
-            raise ConfigError(_feature_pooling(key, reduce, per_position))
+            raise ConfigError(_feature_pooling(key, reduce, per_position, grid is not None))
         rows, dims = ((rows[1:], (axis, *_features(len(rows) - 1))) if per_position else
                       (rows, ("sample", axis, *_features(len(rows) - 1))))
+    elif tokens is Tokens.patches:
+        if grid is None or per_position or len(rows) != 2 or rows[0] != prefix + math.prod(grid):
+            raise ConfigError(
+                f"tokens=patches on {key}, a token layout of {rows[0]} {axis}s without a patch "
+                "grid: patches are a vision transformer's; use tokens=all, first, last or mean")
+        rows, dims = (rows[1], *grid), ("sample", "feature", "height", "width")
     else:
         rows, dims = rows[1:], ("sample", *_features(len(rows) - 1))
     if reduce in (Reduce.mean, Reduce.max) and len(rows) > 1:
@@ -74,23 +90,24 @@ def key_transform(key: str, raw_shape: tuple[int, ...], *, reduce: Reduce,
         rows, dims = (math.prod(rows),), (dims[0], "feature")
     elif reduce is not Reduce.none:
         reduce = Reduce.none  # nothing to pool or flatten: the attr says what was done
-    return KeyTransform(reduce, tokens, per_position, dtype, rows, dims)
+    return KeyTransform(reduce, tokens, per_position, dtype, rows, dims, prefix, grid)
 
 
 def transforms_for(shapes: Mapping[str, tuple[int, ...]], layouts: set[str],
                    reduces: Mapping[str, Reduce], *, pool: Tokens, dtype: torch.dtype | None,
-                   positions: bool, axis: str = "token") -> dict[str, KeyTransform]:
+                   positions: bool, axis: str = "token", prefix: int = 0,
+                   grid: tuple[int, int] | None = None) -> dict[str, KeyTransform]:
     """The transform of every key of a dry run: its raw ``shapes``, which keys are token
     ``layouts``, each layer's reduce, how ``pool`` pools the layouts' positions (the tokens
     key); ``positions``: the batches mark their real positions, so ``all`` gives one row per
-    position.
+    position; ``prefix`` and ``grid``: where the layout's patches are (tokens=patches).
 
     Raises:
         ConfigError: a reduce that would pool a token layout's features.
     """
     return {key: key_transform(key, shape, reduce=reduces[split_key(key)[0]], dtype=dtype,
                                tokens=pool if key in layouts else None, axis=axis,
-                               per_position=positions)
+                               per_position=positions, prefix=prefix, grid=grid)
             for key, shape in shapes.items()}
 
 
@@ -107,11 +124,12 @@ def _features(axes: int) -> tuple[str, ...]:
     return ("feature",) if axes == 1 else tuple(f"feature{n}" for n in range(axes))
 
 
-def _feature_pooling(key: str, reduce: Reduce, per_position: bool) -> str:
+def _feature_pooling(key: str, reduce: Reduce, per_position: bool, patches: bool) -> str:
     # the axes after a token layout's token axis are its features, not space
     rows, instead = (("whose rows are its tokens (tokens, features)", "tokens=mean (or first, "
                       "last)") if per_position else
-                     ("(N, tokens, features)", "tokens=first (the class token), last or mean"))
+                     ("(N, tokens, features)", "tokens=first (the class token), last or mean"
+                      + (", or tokens=patches to pool the patch grid" if patches else "")))
     return (f"reduce={reduce.name} on {key}, a token layout {rows}: it would {reduce.name}-pool "
             f"the feature axis; pool the tokens instead with {instead}, or leave this layer out "
             f"of the reduce ('reduce_by_layer={{{split_key(key)[0]}:none}}')")
@@ -142,6 +160,13 @@ def select_tokens(value: torch.Tensor, keep: torch.Tensor | None, how: Tokens) -
     weights = keep.to(torch.promote_types(value.dtype, torch.float32))
     weights = weights / weights.sum(1, keepdim=True)
     return torch.einsum("bl...,bl->b...", value.to(weights.dtype), weights)
+
+
+def patch_map(value: torch.Tensor, prefix: int, grid: tuple[int, int]) -> torch.Tensor:
+    """A vision transformer's (B, prefix + rows * columns, D) tokens as its patches alone, on
+    their grid: (B, D, rows, columns), patches in row-major order as the models lay them."""
+    patches = value[:, prefix:]
+    return patches.unflatten(1, grid).movedim(-1, 1)
 
 
 def reduce_tensor(tensor: torch.Tensor, how: Reduce) -> torch.Tensor:

@@ -159,13 +159,14 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     capture = Capture(model, settings.layers, settings.hooks, reduce=settings.reduce,
                       reduce_by_layer=settings.reduce_by_layer, dtype=settings.output.dtype,
                       stop_early=settings.stop_early)
+    family.check_layers(model, feed, capture.reduces)
     started = time.perf_counter()
     shown = dry_run(capture, family, feed, batches, device, objective)
     dry_run_seconds = time.perf_counter() - started
     pool = settings.tokens
     capture.transforms = transforms_for(shown.shapes, shown.layouts, capture.reduces, pool=pool,
                                         dtype=settings.output.dtype, positions=feed.positions,
-                                        axis=shown.axis)
+                                        axis=shown.axis, prefix=shown.prefix, grid=shown.grid)
     capture.arm()  # the dry run counted every hooked module's runs
     if pool.name != "all" and not shown.layouts:
         log.warning("%s=%s has no effect: no stored output of this model has a position axis "

@@ -27,6 +27,9 @@ def test_every_model_config_instantiates(make_cfg, request, name):
              "timm": ["model.name=resnet18"]}.get(name, [])
     if name == "transformers":
         extra = [f"model.name={request.getfixturevalue('tiny_lm')}"]
+    if name == "open_clip":
+        pytest.importorskip("open_clip")
+        extra = ["model.name=ViT-S-32"]
     model = build_model(make_cfg(f"model={name}", *extra))
     assert isinstance(model, torch.nn.Module) and not model.training
 
@@ -75,8 +78,18 @@ def test_every_dataset_config_instantiates(make_cfg, tmp_path, monkeypatch, requ
     elif name == "tokens":
         (tmp_path / "ids.jsonl").write_text('{"input_ids": [3, 1, 4]}\n')
         extra = [f"dataset.path={tmp_path / 'ids.jsonl'}"]
+    elif name == "pairs":  # captions through a tiny CLIP's own tokenizer and image processor
+        from tests.tiny_vision import tiny_clip, write_pairs
+
+        images = sorted(_image_tree(tmp_path / "images").glob("*/*.png"))
+        extra = [f"dataset.path={write_pairs(tmp_path / 'pairs.csv', images)}",
+                 "model=transformers", f"model.name={tiny_clip(tmp_path / 'clip')}"]
     cfg = make_cfg(f"dataset={name}", *extra)
     dataset = build_dataset(cfg)  # dataset.on_error is probe's, not the dataset's argument
+    if name == "pairs":
+        item = dataset[0]
+        assert item["pixel_values"].shape == (3, 32, 32) and item["input_ids"].shape == (12,)
+        return
     if name in ("text", "tokens"):
         item = dataset[0]
         assert item["input_ids"].dtype == torch.int64 and item["keep"].all()

@@ -224,3 +224,12 @@ def test_runs_that_vary_between_batches_are_an_error(make_cfg, first, message):
                    "stop_early=false")  # an early stop would end the pass before a later run
     with pytest.raises(ConfigError, match=message):
         run_with(cfg, dataset=data)
+
+
+def test_timm_vit_patches_lie_on_the_grid(make_cfg):
+    want = _hooked(_vit(), ["blocks.5"], _images())["blocks.5"][0]  # (6, 1 + 2 x 2, 192)
+    path = probe.run(make_cfg(*VIT, "layers=[blocks.5]", "tokens=patches"))
+    with probe.open(path) as f:
+        np.testing.assert_allclose(f["blocks.5/output"][:],
+                                   want[:, 1:].reshape(6, 2, 2, 192).permute(0, 3, 1, 2).numpy(),
+                                   rtol=1e-5, atol=1e-5)

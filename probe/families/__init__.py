@@ -10,7 +10,8 @@ objectives they support. The core looks a family up and never names one:
                                    recognises the model's classes, else ``Family()``, the plain
                                    behaviour for any nn.Module
 
-Families shipped: probe.families.torchvision, .timm, .transformers. Adding one is a module that
+Families shipped: probe.families.torchvision, .timm, .transformers (with .hf_vision for
+checkpoints that read pixels), .open_clip. Adding one is a module that
 defines ``FAMILY = register(MyFamily())`` and a YAML file in conf/model/.
 """
 
@@ -34,7 +35,8 @@ __all__ = ["Family", "TokenLayout", "register", "family_for", "known_families",
 # the family modules shipped with probe, by the library whose classes they recognise: one is
 # imported for a lookup by a model's classes only where its library already is
 _SHIPPED = {"torchvision": "probe.families.torchvision", "timm": "probe.families.timm",
-            "transformers": "probe.families.transformers"}
+            "transformers": "probe.families.transformers",
+            "open_clip": "probe.families.open_clip"}
 _REGISTRY: dict[str, Family] = {}
 
 
@@ -85,6 +87,12 @@ class Family:
         dataset's own default."""
         return None
 
+    def tokenizer(self, model_cfg: DictConfig) -> Callable | None:
+        """The model's own text tokenizer (for ``dataset.tokenizer=auto``), as a callable
+        (list of texts) -> (ids, attention mask), both (B, length) at one fixed length, found
+        from its config; None: the model has none."""
+        return None
+
     def place(self, model: nn.Module, device: torch.device, asked: str
               ) -> tuple[nn.Module, torch.device]:
         """The model on ``device``, and the device its inputs go to."""
@@ -95,6 +103,14 @@ class Family:
 
         Raises:
             ConfigError: saying which data the model reads.
+        """
+
+    def check_layers(self, model: nn.Module, feed, reduces) -> None:
+        """Refuse layers that this data does not run (a two-tower model's other tower), or
+        whose reduce it cannot honour; ``reduces``: each hooked layer's reduce (a Reduce).
+
+        Raises:
+            ConfigError: naming the layer and what the data feeds.
         """
 
     def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:

@@ -21,7 +21,8 @@ from torch import nn
 from probe.errors import ConfigError, DataError
 from probe.families import Family, TokenLayout, register
 
-__all__ = ["transformers_model", "head_of", "HEADS", "nll", "FAMILY"]
+__all__ = ["transformers_model", "head_of", "HEADS", "nll", "FAMILY", "source_of",
+           "CaptionTokenizer"]
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ _BY_INPUT = {"pixel_values": "probe.families.hf_vision",
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def transformers_model(name: str, weights: str | None = "pretrained", head: str = "causal_lm",
+def transformers_model(name: str, weights: str | None = "pretrained", head: str = "auto",
                        dtype: str = "float32", trust_remote_code: bool = False,
                        device_map: str | dict | None = None,
                        offload_folder: str | None = None) -> nn.Module:
@@ -49,8 +50,10 @@ def transformers_model(name: str, weights: str | None = "pretrained", head: str 
         name: a Hub id (``gpt2``, ``meta-llama/Llama-3.2-1B``) or a folder saved with
             ``save_pretrained``.
         weights: ``pretrained`` (from_pretrained) or None (random init from the config).
-        head: causal_lm, masked_lm, sequence_classification, image_classification, ctc,
-            audio_classification, or base (no head).
+        head: ``auto`` (the class that the checkpoint's config names in ``architectures``;
+            without one, causal_lm for a language model, else base), causal_lm, masked_lm,
+            sequence_classification, image_classification, ctc, audio_classification, or base
+            (no head).
         dtype: float32, bfloat16 or float16.
         trust_remote_code: run the model's own code from the Hub (off unless set).
         device_map: ``auto`` spreads a model larger than one device over the GPUs of the node
@@ -66,7 +69,7 @@ def transformers_model(name: str, weights: str | None = "pretrained", head: str 
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    for key, value, allowed in (("head", head, HEADS), ("dtype", dtype, _DTYPES),
+    for key, value, allowed in (("head", head, (*HEADS, "auto")), ("dtype", dtype, _DTYPES),
                                 ("weights", weights, ("pretrained", None))):
         if value not in allowed:
             choices = ", ".join("null" if a is None else a for a in allowed)
@@ -84,13 +87,14 @@ def transformers_model(name: str, weights: str | None = "pretrained", head: str 
                 from None
     try:
         config = transformers.AutoConfig.from_pretrained(source, **options)
-        auto = getattr(transformers, HEADS[head])
+        auto = _model_class(transformers, config, head)
         if weights == "pretrained":
-            model = auto.from_pretrained(source, config=config, dtype=_DTYPES[dtype],
-                                         device_map=_plain(device_map),
-                                         offload_folder=offload_folder, **options)
+            model = _quietly_loaded(auto, str(name), source, config=config, dtype=_DTYPES[dtype],
+                                    device_map=_plain(device_map),
+                                    offload_folder=offload_folder, **options)
         else:
-            model = auto.from_config(config, **options).to(_DTYPES[dtype])
+            model = (auto.from_config(config, **options) if hasattr(auto, "from_config")
+                     else auto._from_config(config)).to(_DTYPES[dtype])  # a named class
     except OSError as err:
         raise _unavailable(str(name), source, err) from None
     except ValueError as err:  # a config that this Auto class cannot build
@@ -99,6 +103,53 @@ def transformers_model(name: str, weights: str | None = "pretrained", head: str 
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
     return model.eval()
+
+
+def _model_class(transformers, config, head: str):
+    """The class that builds ``head``; for ``auto``, the one that the config's architectures
+    names, else what ``causal_lm`` (the former default) gave a language model, else AutoModel."""
+    if head != "auto":
+        return getattr(transformers, HEADS[head])
+    for name in getattr(config, "architectures", None) or ():
+        found = getattr(transformers, str(name), None)
+        if isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
+            return found
+    causal = transformers.AutoModelForCausalLM
+    known = getattr(causal, "_model_mapping", {})
+    return causal if type(config) in known else transformers.AutoModel
+
+
+def _quietly_loaded(auto, name: str, source: str, **options) -> nn.Module:
+    """``auto.from_pretrained``, its load report (a table of weights that the checkpoint lacks
+    or that the class leaves out) said in one warning line instead."""
+    import transformers
+
+    verbosity = transformers.utils.logging.get_verbosity()
+    transformers.utils.logging.set_verbosity_error()
+    try:
+        model, info = auto.from_pretrained(source, output_loading_info=True, **options)
+    finally:
+        transformers.utils.logging.set_verbosity(verbosity)
+    new, unused = sorted(info.get("missing_keys") or ()), sorted(info.get("unexpected_keys") or ())
+    if new or unused:
+        said = [f"{len(new)} newly initialised ({_some(new)})" if new else "",
+                f"{len(unused)} in the checkpoint left unused ({_some(unused)})" if unused else ""]
+        log.warning("model.name=%s as %s: weights %s", name, type(model).__name__,
+                    "; ".join(s for s in said if s))
+    return model
+
+
+def _some(keys: list[str], shown: int = 3) -> str:
+    return ", ".join(keys[:shown]) + (", ..." if len(keys) > shown else "")
+
+
+def source_of(name: str) -> str:
+    """Where transformers loads ``model.name`` from: the folder, or the Hub id.
+
+    Raises:
+        DataError: a path that is not a folder that save_pretrained wrote.
+    """
+    return _source(str(name))
 
 
 def _plain(device_map):
@@ -160,15 +211,29 @@ class TransformersFamily(Family):
         return library is not None and isinstance(model, library.PreTrainedModel)
 
     def specialise(self, model: nn.Module) -> Family:
-        module = _BY_INPUT.get(getattr(model, "main_input_name", "input_ids"))
-        if module is None:
-            return self
+        family = _sibling(_main_input(type(model)))
+        return self if family is None or family is self else family.specialise(model)
+
+    def transform(self, model_cfg) -> Callable | None:
+        # the checkpoint's own preprocessing, from the family that serves what it reads: its
+        # config names its class, whose main input says which (no model is built for this)
+        import transformers
+
+        options = {"trust_remote_code": bool(model_cfg.get("trust_remote_code", False))}
         try:
-            return importlib.import_module(module).FAMILY
-        except ModuleNotFoundError as err:
-            if err.name != module:
-                raise
-            return self
+            config = transformers.AutoConfig.from_pretrained(source_of(model_cfg.name), **options)
+        except OSError as err:
+            raise _unavailable(str(model_cfg.name), str(model_cfg.name), err) from None
+        classes = [getattr(transformers, str(n), None) for n in config.architectures or ()]
+        inputs = {_main_input(c) for c in classes if isinstance(c, type)}
+        for family in filter(None, map(_sibling, sorted(inputs))):
+            if family is not self:
+                return family.transform(model_cfg)
+        return None
+
+    def tokenizer(self, model_cfg) -> Callable | None:
+        return CaptionTokenizer(str(model_cfg.name),
+                                trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
 
     def place(self, model: nn.Module, device: torch.device, asked: str
               ) -> tuple[nn.Module, torch.device]:
@@ -241,6 +306,66 @@ class TransformersFamily(Family):
 
 
 FAMILY = register(TransformersFamily())
+
+
+class CaptionTokenizer:
+    """A checkpoint's own tokenizer (``AutoTokenizer`` from the same folder or Hub id) as
+    captions -> (ids, attention mask), padded to one length: the text model's positions (CLIP
+    77, SigLIP 64, as they were trained), or the tokenizer's own limit where that is smaller.
+
+    Raises:
+        DataError: the checkpoint has no tokenizer.
+    """
+
+    def __init__(self, name: str, trust_remote_code: bool = False):
+        import transformers
+
+        self.name = name
+        source = _source(name)
+        options = {"trust_remote_code": trust_remote_code}
+        try:
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(source, **options)
+            config = transformers.AutoConfig.from_pretrained(source, **options)
+        except (OSError, ValueError) as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise DataError(f"model.name={name!r} has no tokenizer that AutoTokenizer can load "
+                            f"({first}); save one beside the weights") from None
+        text = getattr(config, "text_config", None) or config
+        limits = [getattr(text, "max_position_embeddings", None),
+                  getattr(self.tokenizer, "model_max_length", None)]
+        self.max_length = min(int(n) for n in limits if n is not None and 0 < n < 1_000_000)
+
+    def __call__(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        made = self.tokenizer(list(texts), padding="max_length", truncation=True,
+                              max_length=self.max_length, return_tensors="pt")
+        ids = made["input_ids"]
+        return ids, made.get("attention_mask", torch.ones_like(ids))
+
+    def __repr__(self) -> str:
+        return f"{type(self.tokenizer).__name__}({self.name!r}, max_length={self.max_length})"
+
+
+def _main_input(cls: type) -> str:
+    # a two-tower model (CLIP, SigLIP: image and text features) names input_ids as its main
+    # input, but is served with the vision models: an image dataset feeds its vision tower
+    if callable(getattr(cls, "get_image_features", None)) and \
+            callable(getattr(cls, "get_text_features", None)):
+        return "pixel_values"
+    return getattr(cls, "main_input_name", "input_ids")
+
+
+def _sibling(main_input: str) -> Family | None:
+    """The FAMILY of the module that serves checkpoints reading ``main_input``; None for token
+    ids (this module's own) or where that module is not installed."""
+    module = _BY_INPUT.get(main_input)
+    if module is None:
+        return None
+    try:
+        return importlib.import_module(module).FAMILY
+    except ModuleNotFoundError as err:
+        if err.name != module:
+            raise
+        return None
 
 
 def nll(logits: torch.Tensor, batch) -> torch.Tensor:

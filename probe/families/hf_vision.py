@@ -1,0 +1,214 @@
+"""Hugging Face checkpoints that read pixels: ``model=transformers model.name=<vit folder>``.
+
+Vision transformers (ViT, DeiT, BEiT, DINOv2 with or without registers) and the two-tower
+image-text models (CLIP, SigLIP, ...), served through ``probe.families.transformers``, which
+builds them; a checkpoint's main input (``pixel_values``) or its two towers send it here.
+
+- ``dataset.transform=auto``: the checkpoint's own image processor (``AutoImageProcessor``
+  from the same folder or Hub id), recorded in the file's ``transform`` attr.
+- Token layouts: the encoder's (B, prefix + rows * columns, D) outputs, whose first ``prefix``
+  positions are the class token and the register tokens (DINOv2's sit between them and the
+  patches), so that ``tokens=patches`` keeps the patches alone on their grid.
+- Two towers (``TwoTowerFamily``): an image dataset runs the vision tower
+  (``get_image_features``), a text dataset the text tower (``get_text_features``), image-text
+  pairs (dataset=pairs) the whole model, whose ``objective=similarity`` is each pair's matched
+  logit (probe.families.towers).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Mapping
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from probe.errors import ConfigError, DataError
+from probe.families import Family, TokenLayout, register
+from probe.families import towers as two_towers
+from probe.families.transformers import TransformersFamily, source_of
+from probe.format import Reduce
+
+__all__ = ["VisionFamily", "TwoTowerFamily", "ImageProcessorTransform", "FAMILY", "TWO_TOWERS"]
+
+
+class ImageProcessorTransform:
+    """A checkpoint's ``AutoImageProcessor`` as a dataset transform: a PIL image (or array) in,
+    the (3, H, W) ``pixel_values`` that the processor makes out. Picklable, for loader
+    workers."""
+
+    def __init__(self, name: str):
+        from transformers import AutoImageProcessor
+
+        self.name = name
+        try:
+            self.processor = AutoImageProcessor.from_pretrained(source_of(name))
+        except (OSError, ValueError) as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise DataError(
+                f"model.name={name!r} has no image processor that AutoImageProcessor can load "
+                f"({first}); save one beside the weights (e.g. ViTImageProcessor(...)."
+                "save_pretrained(folder)), or use dataset.transform=imagenet") from None
+
+    def __call__(self, image) -> torch.Tensor:
+        return self.processor(images=image, return_tensors="pt")["pixel_values"][0]
+
+    def __repr__(self) -> str:
+        settings = {k: v for k, v in self.processor.to_dict().items()
+                    if k not in ("image_processor_type", "processor_class")}
+        return (f"{type(self.processor).__name__}.from_pretrained({self.name!r}) "
+                f"{json.dumps(settings, sort_keys=True, default=str)}")
+
+
+class VisionFamily(TransformersFamily):
+    """Hugging Face models that read pixels: fed ``pixel_values``; their encoder outputs are
+    token layouts of a class token, register tokens and a grid of patches."""
+
+    name = "transformers-vision"
+
+    def specialise(self, model: nn.Module) -> Family:
+        return TWO_TOWERS if two_towers.is_two_tower(type(model)) else self
+
+    def transform(self, model_cfg: DictConfig) -> Callable | None:
+        return ImageProcessorTransform(str(model_cfg.name))
+
+    def check_data(self, model: nn.Module, feed) -> None:
+        if feed.positions or getattr(feed, "pairs", False):
+            raise ConfigError(
+                f"{type(model).__name__} is a vision model: it reads images, not text; use an "
+                "image dataset (dataset=imagefolder dataset.root=<folder of class subfolders>)")
+
+    def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:
+        pixels = _pixels(batch.inputs)
+        if pixels is None:
+            return None
+        return vision_layout(_vision_config(model), _vision_module(model), pixels.shape[-2:])
+
+    def forward(self, model: nn.Module, batch, *, input_grad: bool = False):
+        pixels = batch.inputs.requires_grad_() if input_grad else batch.inputs
+        return model(pixel_values=pixels)
+
+    def logits(self, output) -> torch.Tensor | None:
+        return getattr(output, "logits", None)
+
+    def objective(self, name: str, model: nn.Module) -> Callable:
+        # class logits, as any classifier's (a base model without a head has none)
+        return Family.objective(self, name, model)
+
+    def example_batch(self, model: nn.Module):
+        from probe.feeds import Batch
+
+        config = _vision_config(model)
+        size = _pair(getattr(config, "image_size", 224))
+        channels = int(getattr(config, "num_channels", 3))
+        return Batch(torch.zeros(1, dtype=torch.int64), torch.full((1,), -1),
+                     torch.zeros(1, channels, *size))
+
+
+class TwoTowerFamily(VisionFamily):
+    """Image-text models (CLIP, SigLIP): the tower that the data feeds runs (see the module's
+    docstring)."""
+
+    name = "transformers-two-tower"
+    towers = {"vision": ("vision_model", "visual_projection"),
+              "text": ("text_model", "text_projection")}
+
+    def check_data(self, model: nn.Module, feed) -> None:
+        pass  # images, text and pairs: each feeds a tower, or both
+
+    def check_layers(self, model: nn.Module, feed, reduces: Mapping[str, Reduce]) -> None:
+        two_towers.check_layers(model, feed, reduces, self.towers)
+
+    def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:
+        if isinstance(batch.inputs, dict) and "pixel_values" not in batch.inputs:
+            return TransformersFamily.token_layout(self, model, batch)  # text: real tokens
+        layout = super().token_layout(model, batch)  # images; pairs: the image's tokens
+        two_towers.check_pair_lengths(batch.inputs, layout)
+        return layout
+
+    def forward(self, model: nn.Module, batch, *, input_grad: bool = False):
+        inputs = batch.inputs
+        if isinstance(inputs, torch.Tensor):
+            return model.get_image_features(pixel_values=inputs.requires_grad_() if input_grad
+                                            else inputs)
+        embeddings = model.text_model.embeddings.token_embedding
+        handle = (embeddings.register_forward_hook(_start_graph) if input_grad else None)
+        try:
+            if "pixel_values" in inputs:
+                pixels = inputs["pixel_values"]
+                return model(**{**inputs, "pixel_values": pixels.requires_grad_() if input_grad
+                                else pixels})
+            return model.get_text_features(**inputs)
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    def logits(self, output) -> torch.Tensor | None:
+        return getattr(output, "logits_per_image", None)
+
+    def objective(self, name: str, model: nn.Module) -> Callable:
+        return two_towers.objective(name, lambda output: self.logits(output))
+
+    def example_batch(self, model: nn.Module):
+        # an image and a caption at the text tower's length: the whole model runs
+        image = super().example_batch(model).inputs
+        text = model.config.text_config
+        return two_towers.example_pair(image, int(text.max_position_embeddings),
+                                       int(text.vocab_size))
+
+
+FAMILY = register(VisionFamily())
+TWO_TOWERS = register(TwoTowerFamily())
+
+
+def vision_layout(config, vision: nn.Module, size) -> TokenLayout:
+    """The token layout of a Hugging Face vision encoder at image ``size`` (H, W): its class
+    token, register tokens and distillation token first, then its patches, row by row."""
+    patch = _pair(getattr(config, "patch_size", 16))
+    grid = (int(size[0]) // patch[0], int(size[1]) // patch[1])
+    prefix = _prefix(vision)
+    return TokenLayout(prefix + grid[0] * grid[1], prefix=prefix, grid=grid)
+
+
+@functools.lru_cache(maxsize=16)
+def _prefix_of(embeddings: nn.Module) -> int:
+    count = sum(getattr(embeddings, name, None) is not None
+                for name in ("cls_token", "class_embedding", "distillation_token"))
+    registers = getattr(embeddings, "register_tokens", None)
+    return count + (0 if registers is None else int(registers.shape[-2]))
+
+
+def _prefix(vision: nn.Module) -> int:
+    embeddings = getattr(vision, "embeddings", None)
+    return 0 if embeddings is None else _prefix_of(embeddings)
+
+
+def _vision_module(model: nn.Module) -> nn.Module:
+    # the module that holds the patch embeddings: the model, its base model or its vision tower
+    for name in ("vision_model", getattr(model, "base_model_prefix", ""), ""):
+        found = getattr(model, name, None) if name else model
+        if isinstance(found, nn.Module) and hasattr(found, "embeddings"):
+            return found
+    return model
+
+
+def _vision_config(model: nn.Module):
+    return getattr(model.config, "vision_config", None) or model.config
+
+
+def _pixels(inputs) -> torch.Tensor | None:
+    if isinstance(inputs, torch.Tensor):
+        return inputs
+    return inputs.get("pixel_values") if isinstance(inputs, dict) else None
+
+
+def _pair(value) -> tuple[int, int]:
+    if isinstance(value, int):
+        return value, value
+    return int(value[0]), int(value[-1])
+
+
+def _start_graph(module: nn.Module, args, output: torch.Tensor) -> torch.Tensor:
+    return output.detach().requires_grad_()
