@@ -17,7 +17,8 @@ DATASETS = sorted(p.stem for p in (CONFIG_DIR / "dataset").glob("*.yaml"))
 def test_the_groups_that_the_design_promises_exist():
     assert {"vgg16", "resnet18", "resnet50", "vit_b_16", "torchvision", "custom",
             "transformers"} <= set(MODELS)
-    assert {"synthetic", "imagefolder", "cifar10", "text", "tokens"} <= set(DATASETS)
+    assert {"synthetic", "imagefolder", "cifar10", "text", "tokens",
+            "audio"} <= set(DATASETS)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -75,8 +76,19 @@ def test_every_dataset_config_instantiates(make_cfg, tmp_path, monkeypatch, requ
     elif name == "tokens":
         (tmp_path / "ids.jsonl").write_text('{"input_ids": [3, 1, 4]}\n')
         extra = [f"dataset.path={tmp_path / 'ids.jsonl'}"]
+    elif name == "audio":
+        from transformers import Wav2Vec2FeatureExtractor
+
+        from tests.tiny_audio import clip_folder
+
+        Wav2Vec2FeatureExtractor().save_pretrained(tmp_path / "extractor")
+        extra = [f"dataset.root={clip_folder(tmp_path / 'clips', [0.2])}",
+                 f"dataset.feature_extractor={tmp_path / 'extractor'}"]
     cfg = make_cfg(f"dataset={name}", *extra)
     dataset = build_dataset(cfg)  # dataset.on_error is probe's, not the dataset's argument
+    if name == "audio":
+        assert dataset[0]["audio"].shape == (3200,) and dataset[0]["target"] == 0
+        return
     if name in ("text", "tokens"):
         item = dataset[0]
         assert item["input_ids"].dtype == torch.int64 and item["keep"].all()

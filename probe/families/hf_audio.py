@@ -1,0 +1,124 @@
+"""Speech and audio checkpoints of transformers (wav2vec2, HuBERT, WavLM, Whisper, ...): the
+family that ``model=transformers`` specialises to for a model whose main input is sound
+(``input_values``, ``input_features``).
+
+It reads ``dataset=audio`` (probe.audio), whose batches the checkpoint's own feature extractor
+makes; it tells that feed how many real frames a clip gives (the model's own
+``_get_feat_extract_output_lengths``: wav2vec2's strided convolutions, Whisper's two), so that
+outputs of shape (clips, frames, ...) give one row per real frame, padding never stored. An
+encoder-decoder (Whisper) runs its encoder, and its decoder on one start token only (not at
+all when every hooked layer is in the encoder). Objectives: ``top1`` and ``target`` of an
+audio classification head; ``nll`` of a CTC head, the CTC loss of each clip's transcript
+(``dataset.transcript_column``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from probe.errors import ConfigError
+from probe.families import Family, TokenLayout, register
+from probe.families.transformers import TransformersFamily, head_of, target
+
+__all__ = ["AudioFamily", "FAMILY", "ctc_nll"]
+
+
+class AudioFamily(TransformersFamily):
+    """Audio encoders: fed by their feature extractor, outputs (clips, frames, ...) are
+    layouts of frames whose real positions the model's length function gives."""
+
+    name = "transformers-audio"
+
+    def recognizes(self, model: nn.Module) -> bool:
+        return False  # reached through TransformersFamily.specialise only
+
+    def specialise(self, model: nn.Module) -> Family:
+        return self
+
+    def place(self, model: nn.Module, device: torch.device, asked: str
+              ) -> tuple[nn.Module, torch.device]:
+        if getattr(model, "hf_device_map", None):
+            raise ConfigError("model.device_map is for language models larger than one device; "
+                              "leave it unset for an audio model")
+        return model.to(device), device
+
+    def check_data(self, model: nn.Module, feed) -> None:
+        if getattr(feed, "kind", None) != "audio":
+            raise ConfigError(
+                f"{type(model).__name__} is an audio model: it reads sound, not these inputs; "
+                "add dataset=audio dataset.root=<a folder of class subfolders of sound files> "
+                "(or dataset.path=<a .csv or .jsonl list of files>)")
+        lengths = getattr(model, "_get_feat_extract_output_lengths", None)
+        if lengths is None:
+            raise ConfigError(
+                f"{type(model).__name__} does not say how many frames a clip gives (no "
+                "_get_feat_extract_output_lengths), so its real frames are not known; use an "
+                "encoder of frames (wav2vec2, HuBERT, WavLM, Whisper)")
+        feed.bind(lambda real: lengths(real))
+
+    def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:
+        if batch.keep is None:
+            return None
+        return TokenLayout(batch.keep.shape[1], keep=batch.keep, axis="frame")
+
+    def forward(self, model: nn.Module, batch, *, input_grad: bool = False):
+        inputs = dict(batch.inputs)
+        if input_grad:  # sound is a float input: the graph starts at it
+            name = model.main_input_name
+            inputs[name] = inputs[name].detach().requires_grad_()
+        if model.config.is_encoder_decoder:
+            # the model itself runs (its hooks see a pass start), its decoder on one token
+            # only; a run that hooks the encoder alone stops before the decoder
+            start = model.config.decoder_start_token_id
+            first = next(iter(inputs.values()))
+            inputs["decoder_input_ids"] = torch.full((len(first), 1), int(start or 0),
+                                                     dtype=torch.long, device=first.device)
+        return model(**inputs)
+
+    def objective(self, name: str, model: nn.Module) -> Callable:
+        named = {"top1": (_top1, ("audio_classification",)),
+                 "target": (target, ("audio_classification",)),
+                 "nll": (ctc_nll, ("ctc",))}
+        if name not in named:
+            raise ConfigError(f"objective={name!r} is unknown for an audio model; use top1 or "
+                              "target (model.head=audio_classification), nll (model.head=ctc, "
+                              "with dataset.transcript_column), or a config with a _target_ "
+                              "callable")
+        function, heads = named[name]
+        head = head_of(model)
+        if head not in heads:
+            raise ConfigError(
+                f"objective={name} needs model.head={' or '.join(heads)}, but the model has "
+                f"{'no head' if head == 'base' else f'head {head}'} ({type(model).__name__})")
+        return lambda output, batch: function(self._required_logits(output), batch)
+
+    def example_batch(self, model: nn.Module):
+        return None  # its frames need a feature extractor: layers are listed with data
+
+    def _required_logits(self, output) -> torch.Tensor:
+        logits = self.logits(output)
+        if logits is None:
+            raise ConfigError("the model returns no logits; use model.head=audio_classification "
+                              "or ctc for gradients")
+        return logits
+
+
+FAMILY = register(AudioFamily())
+
+
+def _top1(logits: torch.Tensor, batch) -> torch.Tensor:
+    return logits.amax(1)
+
+
+def ctc_nll(logits: torch.Tensor, batch) -> torch.Tensor:
+    """Each clip's CTC loss of its transcript (token ids in ``batch.inputs`` are not given to
+    the model: the feed keeps them in ``batch.labels``), over its real frames."""
+    labels = batch.labels
+    log_probs = nn.functional.log_softmax(logits.float(), dim=-1).transpose(0, 1)
+    frames = batch.keep.sum(1)
+    lengths = (labels >= 0).sum(1)
+    return nn.functional.ctc_loss(log_probs, labels.clamp_min(0), frames, lengths,
+                                  blank=batch.blank, reduction="none", zero_infinity=True)

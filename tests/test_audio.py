@@ -1,0 +1,229 @@
+"""Speech encoders: every stored frame row equals what the model computes for that clip alone
+through its own feature extractor, padding is never stored, sound is decoded, mixed to mono and
+resampled to the extractor's rate, and bad inputs are one line. Tiny wav2vec2 and Whisper
+models made here, sounds written with the stdlib wave module; no downloads."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+import probe
+from probe.errors import ConfigError, DataError
+from tests.conftest import no_h5_files
+from tests.tiny_audio import clip_folder, read_wav, tiny_wav2vec2, tiny_whisper, tone, write_wav
+
+pytest.importorskip("transformers")
+pytest.importorskip("soundfile")
+pytest.importorskip("soxr")
+
+SECONDS = [0.5, 1.0, 0.3, 0.8, 1.2, 0.3, 0.7]  # two of 0.3 s: equal lengths can share a batch
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    return clip_folder(tmp_path_factory.mktemp("clips") / "clips", SECONDS)
+
+
+@pytest.fixture(scope="module")
+def wav2vec2(tmp_path_factory):
+    return tiny_wav2vec2(tmp_path_factory.mktemp("wav2vec2"))
+
+
+@pytest.fixture(scope="module")
+def unmasked(tmp_path_factory):
+    return tiny_wav2vec2(tmp_path_factory.mktemp("wav2vec2_base"), masked=False)
+
+
+def audio_cfg(make_cfg, model, *overrides: str, output=None):
+    return make_cfg("model=transformers", f"model.name={model}", "model.head=base",
+                    "dataset=audio", *overrides, output=output)
+
+
+def _files(root):
+    return sorted(root.rglob("*.wav"), key=lambda p: (p.parent.name, p.name))
+
+
+def _alone(model_dir, sounds, layer: int = 1):
+    """Each clip alone through transformers' own extractor and model: hidden state ``layer``
+    (block layer-1's output) of each, (frames, width)."""
+    from transformers import AutoFeatureExtractor, AutoModel
+
+    extractor = AutoFeatureExtractor.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir).eval()
+    states = []
+    with torch.no_grad():
+        for sound in sounds:
+            inputs = extractor(sound, sampling_rate=16000, return_tensors="pt")
+            out = model(**inputs, output_hidden_states=True)
+            states.append(out.hidden_states[layer][0].numpy())
+    return states
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_every_frame_row_equals_the_clip_alone(make_cfg, wav2vec2, clips, batch_size):
+    path = probe.run(audio_cfg(make_cfg, wav2vec2, f"dataset.root={clips}",
+                               "layers=[encoder.layers.0]", f"batch_size={batch_size}"))
+    files = _files(clips)
+    want = _alone(wav2vec2, [read_wav(f)[0] for f in files])
+    with probe.open(path) as f:
+        offsets = f.offsets
+        assert len(offsets) == len(files) + 1
+        assert f.attrs["frame_rate"] == 400.0  # 16 kHz / (5 * 4 * 2) samples a frame
+        assert f.attrs["sampling_rate"] == 16000 and f.attrs["tokens"] == "all"
+        assert f["encoder.layers.0/output"].attrs["dims"].tolist() == ["frame", "feature"]
+        assert f["file"][:].astype(str).tolist() == [str(p.relative_to(clips)) for p in files]
+        assert f["target"][:].tolist() == [int(p.parent.name[1]) for p in files]
+        for i, rows in enumerate(want):
+            span = slice(offsets[i], offsets[i + 1])
+            assert span.stop - span.start == len(rows)  # real frames only, never padding
+            np.testing.assert_array_equal(f["positions"][span], np.arange(len(rows)))
+            np.testing.assert_allclose(f["encoder.layers.0/output"][span], rows, atol=2e-5)
+
+
+def test_mean_is_one_row_per_clip(make_cfg, wav2vec2, clips):
+    path = probe.run(audio_cfg(make_cfg, wav2vec2, f"dataset.root={clips}", "tokens=mean",
+                               "layers=[encoder.layers.0]", "batch_size=4"))
+    want = _alone(wav2vec2, [read_wav(f)[0] for f in _files(clips)])
+    with probe.open(path) as f:
+        rows = f["encoder.layers.0/output"][:]
+        assert rows.shape == (len(SECONDS), 32) and f.attrs["tokens"] == "mean"
+        np.testing.assert_allclose(rows, np.stack([w.mean(0) for w in want]), atol=2e-5)
+
+
+def test_a_model_without_a_mask_batches_only_clips_of_one_length(make_cfg, unmasked, clips,
+                                                                  caplog):
+    # group norm over time: a padded clip would give other values than the clip alone
+    with caplog.at_level(logging.INFO):
+        path = probe.run(audio_cfg(make_cfg, unmasked, f"dataset.root={clips}",
+                                   "layers=[encoder.layers.1]", "batch_size=4",
+                                   "bucket_by_length=true"))
+    want = _alone(unmasked, [read_wav(f)[0] for f in _files(clips)], layer=2)
+    with probe.open(path) as f:
+        assert f.attrs["batching"] == "clips of equal length together, others alone"
+        for i, rows in enumerate(want):
+            span = slice(f.offsets[i], f.offsets[i + 1])
+            np.testing.assert_allclose(f["encoder.layers.1/output"][span], rows, atol=2e-5)
+    assert any("equal length" in r.getMessage() for r in caplog.records)
+
+
+def test_other_rates_and_stereo_are_resampled_and_mixed(make_cfg, wav2vec2, tmp_path):
+    import soxr
+
+    root = tmp_path / "rates"
+    write_wav(root / "a" / "at16k.wav", tone(1.0, 16000, seed=1), 16000)
+    write_wav(root / "a" / "at8k.wav", tone(1.0, 8000, seed=2), 8000)
+    write_wav(root / "a" / "stereo.wav", tone(0.6, 16000, seed=3, channels=2), 16000)
+    path = probe.run(audio_cfg(make_cfg, wav2vec2, f"dataset.root={root}",
+                               "layers=[encoder.layers.0]"))
+    at16, _ = read_wav(root / "a" / "at16k.wav")
+    at8, _ = read_wav(root / "a" / "at8k.wav")
+    stereo, _ = read_wav(root / "a" / "stereo.wav")  # its channels averaged
+    want = _alone(wav2vec2, [at16, soxr.resample(at8, 8000, 16000), stereo])
+    with probe.open(path) as f:
+        counts = np.diff(f.offsets)
+        assert counts[0] == counts[1] == 398  # one second gives as many frames at either rate
+        assert f.attrs["source_sampling_rates"].tolist() == [8000, 16000]
+        assert f.attrs["resampled_files"] == 1 and f.attrs["resampler"] == "soxr"
+        for i in (1, 2):
+            span = slice(f.offsets[i], f.offsets[i + 1])
+            np.testing.assert_allclose(f["encoder.layers.0/output"][span], want[i], atol=2e-5)
+
+
+def test_a_csv_list_with_labels(make_cfg, wav2vec2, clips, tmp_path):
+    files = _files(clips)[:3]
+    listing = tmp_path / "clips.csv"
+    listing.write_text("path,kind\n" + "".join(f"{p},{'dog' if n else 'cat'}\n"
+                                                for n, p in enumerate(files)))
+    path = probe.run(audio_cfg(make_cfg, wav2vec2, f"dataset.path={listing}",
+                               "dataset.column=path", "dataset.label_column=kind",
+                               "layers=[encoder.layers.0]", "tokens=first"))
+    with probe.open(path) as f:
+        assert f["target"][:].tolist() == [0, 1, 1]
+        assert f.attrs["classes"].tolist() == ["cat", "dog"]
+
+
+def test_whisper_stores_only_the_real_audio(make_cfg, tmp_path):
+    from transformers import AutoFeatureExtractor, WhisperModel
+
+    model_dir = tiny_whisper(tmp_path / "whisper", seconds=2)
+    root = tmp_path / "speech"
+    for n, seconds in enumerate([0.5, 1.3, 2.0]):
+        write_wav(root / "x" / f"{n}.wav", tone(seconds, seed=n))
+    path = probe.run(audio_cfg(make_cfg, model_dir, f"dataset.root={root}", "batch_size=2",
+                               "layers=[encoder.layers.0]"))
+    extractor = AutoFeatureExtractor.from_pretrained(model_dir)
+    encoder = WhisperModel.from_pretrained(model_dir).eval().get_encoder()
+    with probe.open(path) as f:
+        assert f.attrs["frame_rate"] == 50.0  # 100 spectrogram frames a second, halved
+        for i, seconds in enumerate([0.5, 1.3, 2.0]):
+            sound, _ = read_wav(root / "x" / f"{i}.wav")
+            features = extractor(sound, sampling_rate=16000, return_tensors="pt")
+            assert features.input_features.shape[-1] == 200  # padded to its 2 s window
+            with torch.no_grad():  # the encoder on the padded input, as Whisper always runs
+                states = encoder(features.input_features, output_hidden_states=True)
+            padded = states.hidden_states[1][0].numpy()  # block 0's output, (100, 32)
+            span = slice(f.offsets[i], f.offsets[i + 1])
+            assert span.stop - span.start == round(seconds * 50)  # the real audio's frames
+            np.testing.assert_allclose(f["encoder.layers.0/output"][span],
+                                       padded[: round(seconds * 50)], atol=2e-5)
+
+
+def _not_audio(tmp_path):
+    (tmp_path / "d" / "a").mkdir(parents=True)
+    (tmp_path / "d" / "a" / "x.wav").write_text("not a sound")
+    return [f"dataset.root={tmp_path / 'd'}"]
+
+
+def _empty_file(tmp_path):
+    (tmp_path / "d" / "a").mkdir(parents=True)
+    (tmp_path / "d" / "a" / "x.wav").write_bytes(b"")
+    return [f"dataset.root={tmp_path / 'd'}"]
+
+
+def _no_samples(tmp_path):
+    write_wav(tmp_path / "d" / "a" / "x.wav", np.zeros((0, 1)))
+    return [f"dataset.root={tmp_path / 'd'}"]
+
+
+def _missing_column(tmp_path):
+    (tmp_path / "clips.jsonl").write_text(json.dumps({"file": "x.wav"}) + "\n")
+    return [f"dataset.path={tmp_path / 'clips.jsonl'}"]
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (_not_audio, DataError, r"dataset sample 0 \(a/x.wav\) cannot be loaded \(LibsndfileError"),
+    (_empty_file, DataError, r"dataset sample 0 \(a/x.wav\) cannot be loaded"),
+    (_no_samples, DataError, r"dataset sample 0 \(a/x.wav\) cannot be loaded \(ValueError: it "
+                             r"holds no samples\)"),
+    (_missing_column, ConfigError, r"dataset.column='audio' is not a column of .*; it has file"),
+    (lambda p: [], ConfigError, r"dataset=audio needs one of dataset.root"),
+])
+def test_bad_audio_input_is_one_line_and_no_file(make_cfg, wav2vec2, tmp_path, make, error,
+                                                 message):
+    with pytest.raises(error, match=message) as failed:
+        probe.run(audio_cfg(make_cfg, wav2vec2, "layers=[encoder.layers.0]", *make(tmp_path)))
+    assert "\n" not in str(failed.value)
+    assert no_h5_files(tmp_path)
+
+
+def test_models_and_data_that_do_not_fit_are_one_line(make_cfg, wav2vec2, clips, tiny_lm,
+                                                      tmp_path):
+    with pytest.raises(ConfigError, match=r"Wav2Vec2Model is an audio model: it reads sound, "
+                                          r"not these inputs; add dataset=audio"):
+        probe.run(make_cfg("model=transformers", f"model.name={wav2vec2}", "model.head=base",
+                           "layers=[encoder.layers.0]"))
+    with pytest.raises(ConfigError, match=r"GPT2LMHeadModel is a language model: it reads "
+                                          r"text, not these inputs"):
+        probe.run(make_cfg("model=transformers", f"model.name={tiny_lm}", "dataset=audio",
+                           f"dataset.feature_extractor={wav2vec2}", f"dataset.root={clips}",
+                           "layers=[transformer.h.0]"))
+    with pytest.raises(ConfigError, match=r"dataset.feature_extractor=.* cannot be loaded .*use "
+                                          r"a speech or audio model"):
+        probe.run(make_cfg("model=transformers", f"model.name={tiny_lm}", "dataset=audio",
+                           f"dataset.root={clips}", "layers=[transformer.h.0]"))
+    assert no_h5_files(tmp_path)
