@@ -227,3 +227,49 @@ def test_models_and_data_that_do_not_fit_are_one_line(make_cfg, wav2vec2, clips,
         probe.run(make_cfg("model=transformers", f"model.name={tiny_lm}", "dataset=audio",
                            f"dataset.root={clips}", "layers=[transformer.h.0]"))
     assert no_h5_files(tmp_path)
+
+
+def test_windows_of_a_long_recording_are_stitched(make_cfg, tmp_path):
+    from transformers import AutoModel
+
+    # no per-clip normalisation, so the convolutional stem sees the same samples either way
+    model_dir = tiny_wav2vec2(tmp_path / "plain", normalize=False)
+    write_wav(tmp_path / "long" / "a" / "story.wav", tone(3.0, seed=5))
+    run = ["layers=[feature_projection,encoder.layers.1]", f"dataset.root={tmp_path / 'long'}"]
+    whole = probe.run(audio_cfg(make_cfg, model_dir, *run, output=tmp_path / "whole.h5"))
+    windowed = probe.run(audio_cfg(make_cfg, model_dir, *run, "dataset.window_seconds=1",
+                                   "dataset.stride_seconds=0.5", output=tmp_path / "win.h5"))
+    pooled = probe.run(audio_cfg(make_cfg, model_dir, *run, "dataset.window_seconds=1",
+                                 "tokens=mean", output=tmp_path / "mean.h5"))
+    sound, _ = read_wav(tmp_path / "long" / "a" / "story.wav")
+    model = AutoModel.from_pretrained(model_dir).eval()
+    with probe.open(whole) as a, probe.open(windowed) as b, probe.open(pooled) as c:
+        assert b.offsets.tolist() == [0, 1198] == a.offsets.tolist()  # each frame once
+        np.testing.assert_array_equal(b["positions"][:], np.arange(1198))
+        assert b.attrs["window_seconds"] == 1.0 and b.attrs["stride_seconds"] == 0.5
+        # the stem's frames see 10 ms of sound: the same with or without windows
+        np.testing.assert_allclose(b["feature_projection/output"][:],
+                                   a["feature_projection/output"][:], atol=1e-5)
+        rows = b["encoder.layers.1/output"][:]
+        # the attention sees one window: a frame in the middle half of window k is window k's
+        for k, start in enumerate(range(0, 801, 200)):
+            with torch.no_grad():
+                alone = model(torch.from_numpy(sound[start * 40:start * 40 + 16000])[None],
+                              output_hidden_states=True).hidden_states[2][0].numpy()
+            low, high = (0 if k == 0 else 100), (398 if k == 4 else 299)
+            np.testing.assert_allclose(rows[start + low:start + high], alone[low:high],
+                                       atol=2e-5)
+        np.testing.assert_allclose(c["encoder.layers.1/output"][0],
+                                   _mean_of_windows(model, sound), atol=2e-5)
+
+
+def _mean_of_windows(model, sound):
+    # stride 0.5 s by default: windows every 200 frames, each frame from its most central
+    rows = np.zeros((1198, 32), np.float32)
+    for k, start in enumerate(range(0, 801, 200)):
+        with torch.no_grad():
+            alone = model(torch.from_numpy(sound[start * 40:start * 40 + 16000])[None],
+                          output_hidden_states=True).hidden_states[2][0].numpy()
+        low, high = (0 if k == 0 else 99), (398 if k == 4 else 299)
+        rows[start + low:start + high] = alone[low:high]
+    return rows.mean(0)

@@ -47,10 +47,11 @@ def clip_folder(root: Path, seconds: list[float], classes: int = 2, rate: int = 
 
 
 def tiny_wav2vec2(directory: Path, *, masked: bool = True, head: str = "base", seed: int = 0,
-                  labels: int = 2, vocab: int = 12) -> Path:
+                  labels: int = 2, vocab: int = 12, normalize: bool = True) -> Path:
     """A 2-layer wav2vec2, 32 wide, with a 3-conv stem (stride 5 x 4 x 2: 40 samples a frame,
     400 frames a second at 16 kHz); ``masked``: layer-norm stem and an extractor that gives an
-    attention mask (wav2vec2-large style), else group-norm and none (wav2vec2-base style)."""
+    attention mask (wav2vec2-large style), else group-norm and none (wav2vec2-base style);
+    ``normalize``: the extractor scales each clip to zero mean and unit variance."""
     import torch
     from transformers import (
         Wav2Vec2Config,
@@ -72,7 +73,7 @@ def tiny_wav2vec2(directory: Path, *, masked: bool = True, head: str = "base", s
              "ctc": Wav2Vec2ForCTC}[head](config)
     model.save_pretrained(directory)
     Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, padding_value=0.0,
-                             do_normalize=True, return_attention_mask=masked
+                             do_normalize=normalize, return_attention_mask=masked
                              ).save_pretrained(directory)
     return directory
 

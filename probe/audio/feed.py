@@ -6,9 +6,14 @@ loader's workers. Rows are frames, as tokens are for text: one per real frame of
 (``keep``), recorded with its position in the clip (``/positions``; its time is
 ``position / frame_rate``, the root attr), never a frame of padding. Which frames are real is
 the model's own business: the family (probe.families.hf_audio) binds its length function
-(``_get_feat_extract_output_lengths``) to the feed before any batch is made, and the loader,
-in the run's own process, maps each clip's real input length (the extractor's mask) to its
-real frames.
+(``_get_feat_extract_output_lengths``) to the feed before any batch is made, which maps each
+clip's real input length (the extractor's mask) to its real frames.
+
+Long recordings (``dataset.window_seconds``, ``stride_seconds``): each clip is cut into
+windows that start every stride (a whole number of frames), fed as rows of one batch
+(``Batch.row_sample``); of the frames that several windows compute, each is stored once, from
+the window where it has the most context (the most frames on its shorter side), so that a
+clip's rows are its frames in order, as without windows.
 
 A model that cannot mask padding (its extractor gives no attention mask) would compute other
 values for a padded clip than for the clip alone: its batches then hold only clips of the same
@@ -80,7 +85,6 @@ class AudioFeed:
                               num_workers=batching.num_workers, pin_memory=batching.pin_memory,
                               batch_sampler=[positions.tolist() for positions, _ in planned])
         for batch, (_, ends_group) in zip(loader, planned, strict=True):
-            batch = self.frames(batch)
             batch.ends_group = ends_group
             yield batch
 
@@ -91,8 +95,7 @@ class AudioFeed:
         if isinstance(row[1], str):
             raise DataError(row[1])
         shorter = {**row[1], "audio": row[1]["audio"][: max(1, len(row[1]["audio"]) * 4 // 5)]}
-        return [self.frames(self.collate(dataset, [row])),
-                self.frames(self.collate(dataset, [(row[0], shorter)]))]
+        return [self.collate(dataset, [row]), self.collate(dataset, [(row[0], shorter)])]
 
     def stored_positions(self, dataset, selection: Selection) -> np.ndarray | None:
         """Not known before the clips are decoded (the run counts them as it goes)."""
@@ -131,16 +134,14 @@ class AudioFeed:
 
     def frame_rate(self, dataset) -> float:
         """Frames per second: the model's frames for 100 s more of input."""
-        per_second = _mask_rate(dataset.extractor)
-        start = 100 * per_second
+        start = round(100 * _mask_rate(dataset.extractor))
         frames = self._bound()(torch.tensor([start, 2 * start]))
         return float(frames[1] - frames[0]) / 100
 
     def collate(self, dataset, rows: list[tuple[int, dict | str]],
                 skip_bad: bool = False) -> Batch:
-        """A batch of clips through the feature extractor; ``keep`` marks for now the real
-        positions of the extractor's output (its attention mask), which ``frames`` maps to
-        the model's frames."""
+        """A batch of clips (or of their windows) through the feature extractor, ``keep``
+        marking the real frames that each row stores."""
         bad = [(i, said) for i, said in rows if isinstance(said, str)]
         if bad and not skip_bad:  # raised by the loader, in the run's process
             return _failed(bad[0][1])
@@ -150,34 +151,58 @@ class AudioFeed:
         if not rows:
             return replace(_failed(None), skipped=[i for i, _ in bad])
         items = [item for _, item in rows]
+        cuts = [self._windows(dataset, len(item["audio"])) for item in items]
+        sounds = [item["audio"][a:b] for item, cut in zip(items, cuts, strict=True)
+                  for a, b in cut]
         extractor = dataset.extractor
         padding = {} if _window(extractor) is not None else {"padding": "longest"}
-        features = extractor([item["audio"] for item in items],
-                             sampling_rate=dataset.sampling_rate, return_attention_mask=True,
-                             return_tensors="pt", **padding)
-        features = dict(features)
+        features = dict(extractor(sounds, sampling_rate=dataset.sampling_rate,
+                                  return_attention_mask=True, return_tensors="pt", **padding))
         mask = features.pop("attention_mask").bool()
         if extractor.return_attention_mask:  # else the model is not given one
             features["attention_mask"] = mask.long()
+        frames = self._bound()
+        real = frames(mask.sum(1)).long().clamp_min(0)
+        length = int(frames(torch.tensor([mask.shape[1]]))[0])
+        keep, positions = _stitched(real, length, cuts, self._samples_per_frame(dataset))
         index = torch.tensor([i for i, _ in rows], dtype=torch.int64)
+        windowed = dataset.window_seconds is not None
         return Batch(index, torch.tensor([item["target"] for item in items], dtype=torch.int64),
-                     features, keep=mask,
+                     features, keep=keep,
+                     row_sample=torch.repeat_interleave(torch.arange(len(items)), torch.tensor(
+                         [len(cut) for cut in cuts])) if windowed else None,
+                     position_rows={POSITIONS: positions},
                      sample_rows={FILE: np.array([item["file"] for item in items],
                                                  dtype=object)},
                      skipped=[i for i, _ in bad])
 
-    def frames(self, batch: Batch) -> Batch:
-        """The batch with ``keep`` over the model's frames (the real ones of each clip) and
-        each real frame's position."""
-        if not len(batch):
-            return batch
-        frames = self._bound()
-        real = frames(batch.keep.sum(1)).long()
-        length = int(frames(torch.tensor([batch.keep.shape[1]]))[0])
-        positions = torch.arange(length).expand(len(batch), length)
-        keep = positions < real.view(-1, 1)
-        return replace(batch, keep=keep,
-                       position_rows={POSITIONS: positions[keep].to(torch.int32)})
+    def _windows(self, dataset, samples: int) -> list[tuple[int, int]]:
+        # (start, stop) of each window of a clip of ``samples``: one, without windows
+        if dataset.window_seconds is None:
+            return [(0, samples)]
+        own = _window(dataset.extractor)
+        if own is not None and dataset.window_seconds * dataset.sampling_rate > own:
+            raise ConfigError(f"dataset.window_seconds={dataset.window_seconds} is longer than "
+                              f"the model's own window of {own / dataset.sampling_rate:g} s, "
+                              "which would cut it; use at most that")
+        if not self.pads_freely(dataset):
+            raise ConfigError("dataset.window_seconds needs a feature extractor that gives "
+                              f"the model an attention mask, and {dataset.extractor_name!r} "
+                              "gives none (a clip's last window is shorter, and padding would "
+                              "change its values); feed whole clips")
+        per_frame = self._samples_per_frame(dataset)
+        width = round(dataset.window_seconds * dataset.sampling_rate)
+        stride = max(1, round(dataset.stride_seconds * dataset.sampling_rate / per_frame))
+        stride *= per_frame  # windows start on a frame
+        cuts, start = [], 0
+        while True:
+            cuts.append((start, min(start + width, samples)))
+            if start + width >= samples:
+                return cuts
+            start += stride
+
+    def _samples_per_frame(self, dataset) -> int:
+        return round(dataset.sampling_rate / self.frame_rate(dataset))
 
     def _bound(self) -> Callable:
         if self._frames is None:
@@ -185,6 +210,37 @@ class AudioFeed:
                               "with a speech or audio checkpoint); this model does not say "
                               "how many frames a clip gives")
         return self._frames
+
+
+def _stitched(real: torch.Tensor, length: int, cuts: list[list[tuple[int, int]]],
+              per_frame: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """keep (rows, length): the frames each row stores, and (kept,) the position of each in
+    its clip. A clip's rows are its windows (``cuts``, in samples); a frame that several of
+    them compute is kept from the one where it has the most context (ties: the earlier)."""
+    frames = torch.arange(length)
+    keep = frames < real.view(-1, 1)
+    if all(len(cut) == 1 for cut in cuts):
+        return keep, frames.expand(len(real), length)[keep].to(torch.int32)
+    positions, row = [], 0
+    for cut in cuts:
+        rows = range(row, row + len(cut))
+        starts = [a // per_frame for a, _ in cut]
+        total = max(s + int(real[r]) for s, r in zip(starts, rows, strict=True))
+        best = torch.full((total,), -1)
+        context = torch.full((total,), -1)
+        for s, r in zip(starts, rows, strict=True):
+            n = int(real[r])
+            here = torch.minimum(torch.arange(n), n - 1 - torch.arange(n))
+            better = here > context[s:s + n]
+            context[s:s + n] = torch.where(better, here, context[s:s + n])
+            best[s:s + n] = torch.where(better, r, best[s:s + n])
+        for s, r in zip(starts, rows, strict=True):
+            mine = best[s:s + int(real[r])] == r
+            keep[r] = False
+            keep[r, :len(mine)] = mine
+            positions.append(s + torch.nonzero(mine).flatten())
+        row += len(cut)
+    return keep, torch.cat(positions).to(torch.int32)
 
 
 def _window(extractor) -> int | None:

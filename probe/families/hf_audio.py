@@ -25,6 +25,9 @@ from probe.families.transformers import TransformersFamily, head_of, target
 
 __all__ = ["AudioFamily", "FAMILY", "ctc_nll"]
 
+# heads of class logits (wav2vec2's audio classifier is named ...ForSequenceClassification)
+_CLASSIFIERS = ("audio_classification", "sequence_classification")
+
 
 class AudioFamily(TransformersFamily):
     """Audio encoders: fed by their feature extractor, outputs (clips, frames, ...) are
@@ -57,12 +60,13 @@ class AudioFamily(TransformersFamily):
                 f"{type(model).__name__} does not say how many frames a clip gives (no "
                 "_get_feat_extract_output_lengths), so its real frames are not known; use an "
                 "encoder of frames (wav2vec2, HuBERT, WavLM, Whisper)")
-        feed.bind(lambda real: lengths(real))
+        feed.bind(_Lengths(model))
 
     def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:
         if batch.keep is None:
             return None
-        return TokenLayout(batch.keep.shape[1], keep=batch.keep, axis="frame")
+        return TokenLayout(batch.keep.shape[1], keep=batch.keep, axis="frame",
+                           row_sample=batch.row_sample)
 
     def forward(self, model: nn.Module, batch, *, input_grad: bool = False):
         inputs = dict(batch.inputs)
@@ -79,8 +83,8 @@ class AudioFamily(TransformersFamily):
         return model(**inputs)
 
     def objective(self, name: str, model: nn.Module) -> Callable:
-        named = {"top1": (_top1, ("audio_classification",)),
-                 "target": (target, ("audio_classification",)),
+        named = {"top1": (_top1, _CLASSIFIERS),
+                 "target": (target, _CLASSIFIERS),
                  "nll": (ctc_nll, ("ctc",))}
         if name not in named:
             raise ConfigError(f"objective={name!r} is unknown for an audio model; use top1 or "
@@ -93,7 +97,7 @@ class AudioFamily(TransformersFamily):
             raise ConfigError(
                 f"objective={name} needs model.head={' or '.join(heads)}, but the model has "
                 f"{'no head' if head == 'base' else f'head {head}'} ({type(model).__name__})")
-        return lambda output, batch: function(self._required_logits(output), batch)
+        return lambda output, batch: function(self._required_logits(output), _whole(batch))
 
     def example_batch(self, model: nn.Module):
         return None  # its frames need a feature extractor: layers are listed with data
@@ -107,6 +111,24 @@ class AudioFamily(TransformersFamily):
 
 
 FAMILY = register(AudioFamily())
+
+
+class _Lengths:
+    """The model's own length function (real input lengths -> real frames), on the model's
+    config only: what a loader worker needs of the model, and picklable."""
+
+    def __init__(self, model: nn.Module):
+        self.model_class, self.config = type(model), model.config
+
+    def __call__(self, real: torch.Tensor) -> torch.Tensor:
+        return self.model_class._get_feat_extract_output_lengths(self, real)
+
+
+def _whole(batch):
+    if batch.row_sample is not None:
+        raise ConfigError("gradients of a clip fed as several windows are not joined into one; "
+                          "leave dataset.window_seconds unset for gradient hooks")
+    return batch
 
 
 def _top1(logits: torch.Tensor, batch) -> torch.Tensor:
