@@ -273,3 +273,70 @@ def _mean_of_windows(model, sound):
         low, high = (0 if k == 0 else 99), (398 if k == 4 else 299)
         rows[start + low:start + high] = alone[low:high]
     return rows.mean(0)
+
+
+def _layer_grads(model, inputs, layer: str, loss_of) -> np.ndarray:
+    """d loss / d (layer's output) of one clip, by torch.autograd.grad."""
+    seen = {}
+    handle = model.get_submodule(layer).register_forward_hook(
+        lambda m, a, out: seen.setdefault("out", out[0] if isinstance(out, tuple) else out))
+    try:
+        loss = loss_of(model(**inputs))
+        (grad,) = torch.autograd.grad(loss, seen["out"])
+    finally:
+        handle.remove()
+    return grad[0].numpy()
+
+
+@pytest.mark.parametrize("objective", ["top1", "target"])
+def test_classification_gradients_are_each_clips_own(make_cfg, clips, tmp_path, objective):
+    from transformers import AutoFeatureExtractor, AutoModelForAudioClassification
+
+    model_dir = tiny_wav2vec2(tmp_path / "classifier", head="audio_classification")
+    layer = "wav2vec2.encoder.layers.0"
+    path = probe.run(make_cfg("model=transformers", f"model.name={model_dir}",
+                              "model.head=audio_classification", "dataset=audio",
+                              f"dataset.root={clips}", f"layers=[{layer}]", "batch_size=3",
+                              "hooks=[forward,backward]", f"objective={objective}"))
+    extractor = AutoFeatureExtractor.from_pretrained(model_dir)
+    model = AutoModelForAudioClassification.from_pretrained(model_dir).eval()
+    with probe.open(path) as f:
+        assert f.attrs["objective"] == objective
+        for i, file in enumerate(_files(clips)):
+            inputs = extractor(read_wav(file)[0], sampling_rate=16000, return_tensors="pt")
+            target = int(f["target"][i])
+            want = _layer_grads(model, inputs, layer, lambda out, t=target: (
+                out.logits[0].max() if objective == "top1" else out.logits[0, t]))
+            span = slice(f.offsets[i], f.offsets[i + 1])
+            np.testing.assert_allclose(f[f"{layer}/grad_output"][span], want, rtol=1e-3,
+                                       atol=1e-5)
+
+
+def test_ctc_nll_gradients_score_each_transcript(make_cfg, clips, tmp_path):
+    from transformers import AutoFeatureExtractor, AutoModelForCTC, AutoTokenizer
+
+    from tests.tiny_audio import ctc_tokenizer
+
+    model_dir = ctc_tokenizer(tiny_wav2vec2(tmp_path / "ctc", head="ctc"))
+    files = _files(clips)[:4]
+    texts = ["abc", "bad cab", "a", "hide"]
+    listing = tmp_path / "speech.jsonl"
+    listing.write_text("".join(json.dumps({"audio": str(p), "text": t}) + "\n"
+                               for p, t in zip(files, texts, strict=True)))
+    layer = "wav2vec2.encoder.layers.1"
+    path = probe.run(make_cfg("model=transformers", f"model.name={model_dir}", "model.head=ctc",
+                              "dataset=audio", f"dataset.path={listing}",
+                              "dataset.transcript_column=text", f"layers=[{layer}]",
+                              "batch_size=4", "hooks=[backward]", "objective=nll"))
+    extractor = AutoFeatureExtractor.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCTC.from_pretrained(model_dir).eval()  # ctc_loss_reduction=sum
+    with probe.open(path) as f:
+        assert f["transcript"][:].astype(str).tolist() == texts
+        for i, (file, text) in enumerate(zip(files, texts, strict=True)):
+            inputs = extractor(read_wav(file)[0], sampling_rate=16000, return_tensors="pt")
+            labels = torch.tensor([tokenizer(text).input_ids])
+            want = _layer_grads(model, {**inputs, "labels": labels}, layer, lambda out: out.loss)
+            span = slice(f.offsets[i], f.offsets[i + 1])
+            np.testing.assert_allclose(f[f"{layer}/grad_output"][span], want, rtol=1e-3,
+                                       atol=1e-5)

@@ -94,3 +94,18 @@ def tiny_whisper(directory: Path, *, seconds: int = 2, seed: int = 0) -> Path:
     WhisperFeatureExtractor(feature_size=16, sampling_rate=16000, hop_length=160,
                             chunk_length=seconds, n_fft=400).save_pretrained(directory)
     return directory
+
+
+def ctc_tokenizer(directory: Path) -> Path:
+    """A character tokenizer for CTC (pad = blank = 0, "|" between words), saved beside the
+    model as wav2vec2's is."""
+    import json
+
+    from transformers import Wav2Vec2CTCTokenizer
+
+    letters = "abcdefghi"
+    vocab = {"<pad>": 0, "|": 1, **{c: n + 2 for n, c in enumerate(letters)}, "<unk>": 11}
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    Wav2Vec2CTCTokenizer(str(directory / "vocab.json"), pad_token="<pad>", unk_token="<unk>",
+                         word_delimiter_token="|").save_pretrained(directory)
+    return directory

@@ -13,7 +13,9 @@ Two ways to list the clips:
   indices (sorted names), stored as /target, the names as the root attr ``classes``;
 - ``path``: a .csv or .jsonl file with a column of paths (``column``, default ``audio``;
   relative to the file's folder, or absolute) and, optionally, ``label_column``: integer
-  labels, or names (then numbered in sorted order and recorded as ``classes``).
+  labels, or names (then numbered in sorted order and recorded as ``classes``), and
+  ``transcript_column``: each clip's text, stored as /transcript, which ``objective=nll`` of
+  a CTC head scores.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ class AudioDataset(Dataset):
     """
 
     def __init__(self, root: str | None = None, path: str | None = None, column: str = "audio",
-                 label_column: str | None = None, feature_extractor: str | None = None,
+                 label_column: str | None = None, transcript_column: str | None = None,
+                 feature_extractor: str | None = None,
                  window_seconds: float | None = None, stride_seconds: float | None = None):
         self.extractor_name = _required(feature_extractor)
         self.extractor = _extractor(self.extractor_name)
@@ -65,13 +68,18 @@ class AudioDataset(Dataset):
             raise ConfigError("dataset=audio needs one of dataset.root (a folder with one "
                               "subfolder per class) or dataset.path (a .csv or .jsonl list of "
                               "files)")
+        self.transcripts: list[str] | None = None
         if root is not None:
+            if transcript_column is not None:
+                raise ConfigError("dataset.transcript_column is a column of dataset.path; a "
+                                  "dataset.root folder has none: list the clips in a csv")
             self.base, self.paths, self.targets, self.classes = _folder(Path(root).expanduser())
             self.source = str(root)
         else:
             listing = Path(path).expanduser()
-            self.base, self.paths, self.targets, self.classes = _listing(
-                listing, str(column), None if label_column is None else str(label_column))
+            self.base, self.paths, self.targets, self.classes, self.transcripts = _listing(
+                listing, str(column), None if label_column is None else str(label_column),
+                None if transcript_column is None else str(transcript_column))
             self.source = str(path)
         self.files = [_relative(p, self.base) for p in self.paths]
         self.has_targets = self.targets is not None
@@ -86,7 +94,8 @@ class AudioDataset(Dataset):
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for {len(self)} clips")
         return {"audio": self.decode(index), "file": self.files[index],
-                "target": -1 if self.targets is None else int(self.targets[index])}
+                "target": -1 if self.targets is None else int(self.targets[index]),
+                "transcript": None if self.transcripts is None else self.transcripts[index]}
 
     def decode(self, index: int) -> np.ndarray:
         """Clip ``index`` as float32 mono samples at ``sampling_rate``.
@@ -196,8 +205,9 @@ def _folder(root: Path) -> tuple[Path, list[Path], np.ndarray, list[str]]:
     return root, paths, np.asarray(targets, dtype=np.int64), classes
 
 
-def _listing(path: Path, column: str, label_column: str | None
-             ) -> tuple[Path, list[Path], np.ndarray | None, list[str] | None]:
+def _listing(path: Path, column: str, label_column: str | None, transcript_column: str | None
+             ) -> tuple[Path, list[Path], np.ndarray | None, list[str] | None,
+                        list[str] | None]:
     if not path.is_file():
         raise DataError(f"dataset.path={str(path)!r}: no such file")
     if path.suffix.lower() not in _LISTS:
@@ -208,16 +218,20 @@ def _listing(path: Path, column: str, label_column: str | None
     rows = _rows(path)
     if not rows:
         raise DataError(f"dataset.path={str(path)!r} lists no clips (empty)")
-    for key, name in (("column", column), ("label_column", label_column)):
+    for key, name in (("column", column), ("label_column", label_column),
+                      ("transcript_column", transcript_column)):
         if name is not None and name not in rows[0]:
             raise ConfigError(f"dataset.{key}={name!r} is not a column of {str(path)!r}; it has "
                               f"{', '.join(map(str, rows[0]))}")
     paths = [Path(str(row.get(column, ""))).expanduser() for row in rows]
     paths = [p if p.is_absolute() else path.parent / p for p in paths]
+    texts = (None if transcript_column is None else
+             ["" if row.get(transcript_column) is None else str(row[transcript_column])
+              for row in rows])
     if label_column is None:
-        return path.parent, paths, None, None
+        return path.parent, paths, None, None, texts
     targets, classes = _labels([row.get(label_column) for row in rows], label_column)
-    return path.parent, paths, targets, classes
+    return path.parent, paths, targets, classes, texts
 
 
 def _rows(path: Path) -> list[dict]:

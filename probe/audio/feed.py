@@ -36,7 +36,9 @@ from probe.feeds import Batch, Batching, OpenSelection, Selection, batch_loader
 from probe.feeds.buckets import plan_batches
 from probe.format import FILE, POSITIONS, Attr, DatasetSpec
 
-__all__ = ["AudioFeed"]
+__all__ = ["AudioFeed", "TRANSCRIPT"]
+
+TRANSCRIPT = "transcript"  # each clip's text, where the dataset has a transcript column
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +104,14 @@ class AudioFeed:
         return None
 
     def bookkeeping(self, dataset) -> dict[str, DatasetSpec]:
-        """Each frame row's position in its clip, and each clip's file."""
-        return {POSITIONS: DatasetSpec((), "int32", {Attr.DIMS: ["frame"]}, compressible=False,
-                                       per_position=True),
-                FILE: DatasetSpec((), "str", {Attr.DIMS: ["sample"]}, compressible=False)}
+        """Each frame row's position in its clip, and each clip's file (and transcript)."""
+        specs = {POSITIONS: DatasetSpec((), "int32", {Attr.DIMS: ["frame"]}, compressible=False,
+                                        per_position=True),
+                 FILE: DatasetSpec((), "str", {Attr.DIMS: ["sample"]}, compressible=False)}
+        if dataset.transcripts is not None:
+            specs[TRANSCRIPT] = DatasetSpec((), "str", {Attr.DIMS: ["sample"]},
+                                            compressible=False)
+        return specs
 
     def attrs(self, dataset) -> dict:
         found = {**dataset.describe(), "frame_rate": self.frame_rate(dataset),
@@ -167,13 +173,15 @@ class AudioFeed:
         keep, positions = _stitched(real, length, cuts, self._samples_per_frame(dataset))
         index = torch.tensor([i for i, _ in rows], dtype=torch.int64)
         windowed = dataset.window_seconds is not None
+        sample_rows = {FILE: np.array([item["file"] for item in items], dtype=object)}
+        if dataset.transcripts is not None:
+            sample_rows[TRANSCRIPT] = np.array([item["transcript"] for item in items],
+                                               dtype=object)
         return Batch(index, torch.tensor([item["target"] for item in items], dtype=torch.int64),
                      features, keep=keep,
                      row_sample=torch.repeat_interleave(torch.arange(len(items)), torch.tensor(
                          [len(cut) for cut in cuts])) if windowed else None,
-                     position_rows={POSITIONS: positions},
-                     sample_rows={FILE: np.array([item["file"] for item in items],
-                                                 dtype=object)},
+                     position_rows={POSITIONS: positions}, sample_rows=sample_rows,
                      skipped=[i for i, _ in bad])
 
     def _windows(self, dataset, samples: int) -> list[tuple[int, int]]:
@@ -282,5 +290,4 @@ class _Rows:
 def _failed(failure: str | None) -> Batch:
     # a batch without samples: all were left out, or one failed (``failure``)
     empty = torch.zeros(0, dtype=torch.int64)
-    return Batch(empty, empty, {}, keep=torch.zeros(0, 0, dtype=torch.bool), failure=failure,
-                 sample_rows={FILE: np.array([], dtype=object)})
+    return Batch(empty, empty, {}, keep=torch.zeros(0, 0, dtype=torch.bool), failure=failure)

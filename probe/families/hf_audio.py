@@ -85,7 +85,7 @@ class AudioFamily(TransformersFamily):
     def objective(self, name: str, model: nn.Module) -> Callable:
         named = {"top1": (_top1, _CLASSIFIERS),
                  "target": (target, _CLASSIFIERS),
-                 "nll": (ctc_nll, ("ctc",))}
+                 "nll": (None, ("ctc",))}
         if name not in named:
             raise ConfigError(f"objective={name!r} is unknown for an audio model; use top1 or "
                               "target (model.head=audio_classification), nll (model.head=ctc, "
@@ -97,6 +97,8 @@ class AudioFamily(TransformersFamily):
             raise ConfigError(
                 f"objective={name} needs model.head={' or '.join(heads)}, but the model has "
                 f"{'no head' if head == 'base' else f'head {head}'} ({type(model).__name__})")
+        if name == "nll":
+            function = _ctc_nll(model)
         return lambda output, batch: function(self._required_logits(output), _whole(batch))
 
     def example_batch(self, model: nn.Module):
@@ -135,12 +137,33 @@ def _top1(logits: torch.Tensor, batch) -> torch.Tensor:
     return logits.amax(1)
 
 
-def ctc_nll(logits: torch.Tensor, batch) -> torch.Tensor:
-    """Each clip's CTC loss of its transcript (token ids in ``batch.inputs`` are not given to
-    the model: the feed keeps them in ``batch.labels``), over its real frames."""
-    labels = batch.labels
+def _ctc_nll(model: nn.Module) -> Callable:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model.name_or_path)
+    except (OSError, ValueError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"objective=nll scores transcripts with the CTC checkpoint's "
+                          f"tokenizer, and {model.name_or_path!r} has none that loads ({first})"
+                          "; save the tokenizer beside the model") from None
+    blank = int(model.config.pad_token_id or 0)
+    return lambda logits, batch: ctc_nll(logits, batch, tokenizer, blank)
+
+
+def ctc_nll(logits: torch.Tensor, batch, tokenizer, blank: int) -> torch.Tensor:
+    """Each clip's CTC loss of its transcript (``/transcript``, tokenized by ``tokenizer``),
+    over its real frames, with ``blank`` the blank token (the model's pad token, as
+    transformers' CTC heads have it); summed over the transcript's tokens."""
+    from probe.audio.feed import TRANSCRIPT
+
+    texts = batch.sample_rows.get(TRANSCRIPT)
+    if texts is None:
+        raise ConfigError("objective=nll of a CTC head scores each clip's transcript; set "
+                          "dataset.transcript_column=<a column of dataset.path>")
+    ids = [torch.tensor(row, dtype=torch.long) for row in tokenizer(list(texts)).input_ids]
+    labels = nn.utils.rnn.pad_sequence(ids, batch_first=True).to(logits.device)
     log_probs = nn.functional.log_softmax(logits.float(), dim=-1).transpose(0, 1)
-    frames = batch.keep.sum(1)
-    lengths = (labels >= 0).sum(1)
-    return nn.functional.ctc_loss(log_probs, labels.clamp_min(0), frames, lengths,
-                                  blank=batch.blank, reduction="none", zero_infinity=True)
+    return nn.functional.ctc_loss(log_probs, labels, batch.keep.sum(1),
+                                  torch.tensor([len(i) for i in ids], device=logits.device),
+                                  blank=blank, reduction="none", zero_infinity=True)
