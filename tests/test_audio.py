@@ -14,7 +14,7 @@ import torch
 
 import probe
 from probe.errors import ConfigError, DataError
-from tests.conftest import no_h5_files
+from tests.conftest import assert_same_datasets, interrupt_after, no_h5_files
 from tests.tiny_audio import clip_folder, read_wav, tiny_wav2vec2, tiny_whisper, tone, write_wav
 
 pytest.importorskip("transformers")
@@ -340,3 +340,66 @@ def test_ctc_nll_gradients_score_each_transcript(make_cfg, clips, tmp_path):
             span = slice(f.offsets[i], f.offsets[i + 1])
             np.testing.assert_allclose(f[f"{layer}/grad_output"][span], want, rtol=1e-3,
                                        atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def many_clips(tmp_path_factory):
+    rng = np.random.default_rng(3)
+    return clip_folder(tmp_path_factory.mktemp("many") / "clips",
+                       [float(s) for s in rng.uniform(0.05, 0.4, 20).round(2)])
+
+
+def _many(wav2vec2, many_clips, *overrides):
+    return ["model=transformers", f"model.name={wav2vec2}", "model.head=base", "dataset=audio",
+            f"dataset.root={many_clips}", "layers=[encoder.layers.0]", "output.commit_every=1",
+            *overrides]
+
+AUDIO_KEYS = ("index", "target", "offsets", "positions", "file", "encoder.layers.0/output")
+
+
+def test_bucketed_batches_give_the_same_rows_with_less_padding(make_cfg, wav2vec2, many_clips,
+                                                               tmp_path):
+    plain = probe.run(make_cfg(*_many(wav2vec2, many_clips, "batch_size=1"),
+                               output=tmp_path / "plain.h5"))
+    bucketed = probe.run(make_cfg(*_many(wav2vec2, many_clips, "batch_size=4",
+                                         "bucket_by_length=true"), output=tmp_path / "b.h5"))
+    assert_same_datasets(plain, bucketed, AUDIO_KEYS[:-1])
+    with probe.open(plain) as a, probe.open(bucketed) as b:
+        np.testing.assert_allclose(b["encoder.layers.0/output"][:],
+                                   a["encoder.layers.0/output"][:], atol=2e-5)
+
+
+@pytest.mark.parametrize("extra, stop_after, kept", [
+    (["batch_size=2", "bucket_by_length=false"], 3, 6),
+    (["batch_size=1", "bucket_by_length=true"], 17, 16),  # a group of 16 is kept whole
+])
+def test_an_interrupted_run_resumes_to_the_same_file(make_cfg, wav2vec2, many_clips, tmp_path,
+                                                     monkeypatch, extra, stop_after, kept):
+    overrides = _many(wav2vec2, many_clips, *extra)
+    whole = probe.run(make_cfg(*overrides, output=tmp_path / "whole.h5"))
+    interrupt_after(monkeypatch, stop_after)
+    with pytest.raises(KeyboardInterrupt):
+        probe.run(make_cfg(*overrides, output=tmp_path / "resumed.h5"))
+    with probe.open(tmp_path / "resumed.h5", allow_partial=True) as f:
+        assert f.num_rows == kept
+    probe.run(make_cfg(*overrides, output=tmp_path / "resumed.h5"))
+    assert_same_datasets(whole, tmp_path / "resumed.h5", AUDIO_KEYS)
+
+
+def test_shards_merge_into_one_run(make_cfg, wav2vec2, many_clips, tmp_path):
+    from probe.merge import merge
+
+    single = probe.run(make_cfg(*_many(wav2vec2, many_clips, "batch_size=2"),
+                                output=tmp_path / "single.h5"))
+    shards = [probe.run(make_cfg(*_many(wav2vec2, many_clips, "batch_size=2", "shard.count=3",
+                                        f"shard.index={k}"), output=tmp_path / f"s{k}.h5"))
+              for k in range(3)]
+    merged = merge(tmp_path / "merged.h5", shards)
+    with probe.open(merged) as many, probe.open(single) as one:
+        assert many.attrs["frame_rate"] == one.attrs["frame_rate"]
+        order = np.argsort(many.index)
+        assert many.index[order].tolist() == one.index.tolist()
+        for i, row in enumerate(order):
+            a = many["encoder.layers.0/output"][many.offsets[row]:many.offsets[row + 1]]
+            b = one["encoder.layers.0/output"][one.offsets[i]:one.offsets[i + 1]]
+            np.testing.assert_allclose(a, b, atol=2e-5)
