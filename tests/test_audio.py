@@ -371,7 +371,8 @@ def test_bucketed_batches_give_the_same_rows_with_less_padding(make_cfg, wav2vec
 
 @pytest.mark.parametrize("extra, stop_after, kept", [
     (["batch_size=2", "bucket_by_length=false"], 3, 6),
-    (["batch_size=1", "bucket_by_length=true"], 17, 16),  # a group of 16 is kept whole
+    pytest.param(["batch_size=1", "bucket_by_length=true"], 17, 16,  # a group of 16 kept
+                 marks=pytest.mark.slow),
 ])
 def test_an_interrupted_run_resumes_to_the_same_file(make_cfg, wav2vec2, many_clips, tmp_path,
                                                      monkeypatch, extra, stop_after, kept):
@@ -403,3 +404,51 @@ def test_shards_merge_into_one_run(make_cfg, wav2vec2, many_clips, tmp_path):
             a = many["encoder.layers.0/output"][many.offsets[row]:many.offsets[row + 1]]
             b = one["encoder.layers.0/output"][one.offsets[i]:one.offsets[i + 1]]
             np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+def test_loader_workers_give_the_same_file(make_cfg, wav2vec2, clips, tmp_path):
+    # the model's length function travels to the workers with the feed
+    run = [f"dataset.root={clips}", "layers=[encoder.layers.0]", "batch_size=3"]
+    alone = probe.run(audio_cfg(make_cfg, wav2vec2, *run, output=tmp_path / "a.h5"))
+    workers = probe.run(audio_cfg(make_cfg, wav2vec2, *run, "num_workers=2",
+                                  output=tmp_path / "w.h5"))
+    assert_same_datasets(alone, workers, ("index", "offsets", "positions", "file",
+                                          "encoder.layers.0/output"))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["hooks=[backward]", "objective=target"], r"objective=target needs model.head="
+                                               r"audio_classification or sequence_classification"
+                                               r", but the model has no head \(Wav2Vec2Model\)"),
+    (["dataset.window_seconds=0.5", "dataset.stride_seconds=0.6"],
+     r"dataset.stride_seconds=0.6 must be above 0 and at most dataset.window_seconds=0.5"),
+    (["dataset.window_seconds=0.5", "hooks=[backward]", "objective=top1"],
+     r"objective=top1 needs model.head"),
+])
+def test_audio_refusals_are_one_line(make_cfg, wav2vec2, clips, tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message) as failed:
+        probe.run(audio_cfg(make_cfg, wav2vec2, f"dataset.root={clips}",
+                            "layers=[encoder.layers.0]", *overrides))
+    assert "\n" not in str(failed.value) and no_h5_files(tmp_path)
+
+
+def test_windows_refuse_an_extractor_without_a_mask(make_cfg, unmasked, clips, tmp_path):
+    with pytest.raises(ConfigError, match=r"dataset.window_seconds needs a feature extractor "
+                                          r"that gives the model an attention mask"):
+        probe.run(audio_cfg(make_cfg, unmasked, f"dataset.root={clips}",
+                            "layers=[encoder.layers.0]", "dataset.window_seconds=0.5"))
+    assert no_h5_files(tmp_path)
+
+
+def test_a_bad_file_is_left_out_with_on_error_skip(make_cfg, wav2vec2, clips, tmp_path):
+    import shutil
+
+    root = tmp_path / "some"
+    shutil.copytree(clips, root)
+    (root / "c0" / "02.wav").write_bytes(b"RIFF broken")
+    path = probe.run(audio_cfg(make_cfg, wav2vec2, f"dataset.root={root}", "batch_size=2",
+                               "dataset.on_error=skip", "layers=[encoder.layers.0]"))
+    with probe.open(path) as f:
+        assert f["skipped"][:].tolist() == [1]  # c0/02.wav is the second file
+        assert len(f.index) == len(SECONDS) - 1 and f.offsets[-1] == len(f["positions"])
+        assert "c0/02.wav" not in f["file"][:].astype(str).tolist()

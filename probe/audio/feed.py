@@ -73,6 +73,11 @@ class AudioFeed:
             raise ConfigError("dataset=audio lists its files before the run; an open selection "
                               "is for corpora read as they come")
         lengths = dataset.lengths(selection)
+        own = _window(dataset.extractor)
+        if own is not None and dataset.window_seconds is None and (lengths > own).any():
+            log.warning("%d clips are longer than the model's window of %g s, and its feature "
+                        "extractor cuts them there; set dataset.window_seconds to keep all "
+                        "their frames", int((lengths > own).sum()), own / dataset.sampling_rate)
         planned = plan_batches(lengths, batching)
         if not self.pads_freely(dataset):
             log.info("the feature extractor %s gives the model no attention mask, so padding "

@@ -54,12 +54,12 @@ class AudioFamily(TransformersFamily):
                 f"{type(model).__name__} is an audio model: it reads sound, not these inputs; "
                 "add dataset=audio dataset.root=<a folder of class subfolders of sound files> "
                 "(or dataset.path=<a .csv or .jsonl list of files>)")
-        lengths = getattr(model, "_get_feat_extract_output_lengths", None)
-        if lengths is None:
+        if not hasattr(model, "_get_feat_extract_output_lengths"):
             raise ConfigError(
                 f"{type(model).__name__} does not say how many frames a clip gives (no "
                 "_get_feat_extract_output_lengths), so its real frames are not known; use an "
-                "encoder of frames (wav2vec2, HuBERT, WavLM, Whisper)")
+                "encoder of frames (wav2vec2, HuBERT, WavLM, Whisper; AST's patches are not "
+                "supported yet)")
         feed.bind(_Lengths(model))
 
     def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:
