@@ -452,3 +452,18 @@ def test_a_bad_file_is_left_out_with_on_error_skip(make_cfg, wav2vec2, clips, tm
         assert f["skipped"][:].tolist() == [1]  # c0/02.wav is the second file
         assert len(f.index) == len(SECONDS) - 1 and f.offsets[-1] == len(f["positions"])
         assert "c0/02.wav" not in f["file"][:].astype(str).tolist()
+
+
+@pytest.mark.parametrize("kind", ["hubert", "wavlm"])
+def test_hubert_and_wavlm_frames_equal_each_clip_alone(make_cfg, clips, tmp_path, kind):
+    from tests.tiny_audio import tiny_encoder
+
+    model_dir = tiny_encoder(tmp_path / kind, kind)
+    path = probe.run(audio_cfg(make_cfg, model_dir, f"dataset.root={clips}", "batch_size=4",
+                               "layers=[encoder.layers.0]"))
+    want = _alone(model_dir, [read_wav(f)[0] for f in _files(clips)])
+    with probe.open(path) as f:
+        assert f.attrs["frame_rate"] == 400.0
+        for i, rows in enumerate(want):
+            span = slice(f.offsets[i], f.offsets[i + 1])
+            np.testing.assert_allclose(f["encoder.layers.0/output"][span], rows, atol=2e-5)

@@ -109,3 +109,27 @@ def ctc_tokenizer(directory: Path) -> Path:
     Wav2Vec2CTCTokenizer(str(directory / "vocab.json"), pad_token="<pad>", unk_token="<unk>",
                          word_delimiter_token="|").save_pretrained(directory)
     return directory
+
+
+def tiny_encoder(directory: Path, kind: str, seed: int = 0) -> Path:
+    """A 2-layer HuBERT or WavLM, 32 wide, with tiny_wav2vec2's stem and a masking extractor."""
+    import torch
+    from transformers import (
+        HubertConfig,
+        HubertModel,
+        Wav2Vec2FeatureExtractor,
+        WavLMConfig,
+        WavLMModel,
+    )
+
+    config_class, model_class = {"hubert": (HubertConfig, HubertModel),
+                                 "wavlm": (WavLMConfig, WavLMModel)}[kind]
+    config = config_class(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        conv_dim=(16, 16, 16), conv_stride=(5, 4, 2), conv_kernel=(10, 8, 4),
+        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, feat_extract_norm="layer",
+        do_stable_layer_norm=True, mask_time_prob=0.0)
+    torch.manual_seed(seed)
+    model_class(config).save_pretrained(directory)
+    Wav2Vec2FeatureExtractor(return_attention_mask=True).save_pretrained(directory)
+    return directory

@@ -61,8 +61,8 @@ class TokenLayout:
     def to(self, device: torch.device) -> TokenLayout:
         if self.keep is None:
             return self
-        return replace(self, keep=self.keep.to(device), row_sample=None if self.row_sample is
-                       None else self.row_sample.to(device))
+        rows = None if self.row_sample is None else self.row_sample.to(device, non_blocking=True)
+        return replace(self, keep=self.keep.to(device, non_blocking=True), row_sample=rows)
 
     @property
     def lengths(self) -> torch.Tensor | None:
