@@ -467,3 +467,45 @@ def test_hubert_and_wavlm_frames_equal_each_clip_alone(make_cfg, clips, tmp_path
         for i, rows in enumerate(want):
             span = slice(f.offsets[i], f.offsets[i + 1])
             np.testing.assert_allclose(f["encoder.layers.0/output"][span], rows, atol=2e-5)
+
+
+def test_whisper_windows_are_stitched_from_each_window_alone(make_cfg, tmp_path):
+    from transformers import AutoFeatureExtractor, WhisperModel
+
+    model_dir = tiny_whisper(tmp_path / "whisper", seconds=2)
+    write_wav(tmp_path / "long" / "a" / "story.wav", tone(3.0, seed=7))
+    path = probe.run(audio_cfg(make_cfg, model_dir, f"dataset.root={tmp_path / 'long'}",
+                               "layers=[encoder.layers.0]", "dataset.window_seconds=2",
+                               "dataset.stride_seconds=1"))
+    sound, _ = read_wav(tmp_path / "long" / "a" / "story.wav")
+    extractor = AutoFeatureExtractor.from_pretrained(model_dir)
+    encoder = WhisperModel.from_pretrained(model_dir).eval().get_encoder()
+    with probe.open(path) as f:
+        rows = f["encoder.layers.0/output"][:]
+        assert f.offsets.tolist() == [0, 150]  # 3 s at 50 frames a second, each once
+        np.testing.assert_array_equal(f["positions"][:], np.arange(150))
+        # two windows, [0, 2 s) and [1 s, 3 s); a frame is kept from the one where it is more
+        # central: frames 0-74 from the first, 75-149 from the second
+        for start, low, high in ((0, 0, 75), (50, 25, 100)):
+            window = sound[start * 320:start * 320 + 32000]
+            features = extractor(window, sampling_rate=16000, return_tensors="pt")
+            with torch.no_grad():
+                alone = encoder(features.input_features, output_hidden_states=True)
+            np.testing.assert_allclose(rows[start + low:start + high],
+                                       alone.hidden_states[1][0, low:high].numpy(), atol=2e-5)
+
+
+def test_an_audio_model_without_frames_is_refused(make_cfg, clips, tmp_path):
+    from transformers import ASTConfig, ASTFeatureExtractor, ASTForAudioClassification
+
+    config = ASTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                       intermediate_size=64, max_length=100, num_mel_bins=32)
+    ASTForAudioClassification(config).save_pretrained(tmp_path / "ast")
+    ASTFeatureExtractor(num_mel_bins=32, max_length=100).save_pretrained(tmp_path / "ast")
+    with pytest.raises(ConfigError, match=r"ASTForAudioClassification does not say how many "
+                                          r"frames a clip gives .* AST's patches are not "
+                                          r"supported yet") as failed:
+        probe.run(make_cfg("model=transformers", f"model.name={tmp_path / 'ast'}",
+                           "model.head=audio_classification", "dataset=audio",
+                           f"dataset.root={clips}", "layers=[audio_spectrogram_transformer]"))
+    assert "\n" not in str(failed.value) and no_h5_files(tmp_path)
