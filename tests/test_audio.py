@@ -509,3 +509,13 @@ def test_an_audio_model_without_frames_is_refused(make_cfg, clips, tmp_path):
                            "model.head=audio_classification", "dataset=audio",
                            f"dataset.root={clips}", "layers=[audio_spectrogram_transformer]"))
     assert "\n" not in str(failed.value) and no_h5_files(tmp_path)
+
+
+def test_a_bfloat16_model_reads_the_float32_features(make_cfg, wav2vec2, clips, tmp_path):
+    run = [f"dataset.root={clips}", "layers=[encoder.layers.0]", "tokens=mean"]
+    full = probe.run(audio_cfg(make_cfg, wav2vec2, *run, output=tmp_path / "f32.h5"))
+    half = probe.run(audio_cfg(make_cfg, wav2vec2, *run, "model.dtype=bfloat16",
+                               output=tmp_path / "bf16.h5"))
+    with probe.open(full) as a, probe.open(half) as b:
+        np.testing.assert_allclose(b["encoder.layers.0/output"][:],
+                                   a["encoder.layers.0/output"][:], atol=0.1)

@@ -69,7 +69,9 @@ class AudioFamily(TransformersFamily):
                            row_sample=batch.row_sample)
 
     def forward(self, model: nn.Module, batch, *, input_grad: bool = False):
-        inputs = dict(batch.inputs)
+        # the extractor gives float32; a model in bfloat16 or float16 reads its own type
+        inputs = {key: value.to(model.dtype) if value.is_floating_point() else value
+                  for key, value in batch.inputs.items()}
         if input_grad:  # sound is a float input: the graph starts at it
             name = model.main_input_name
             inputs[name] = inputs[name].detach().requires_grad_()
