@@ -519,3 +519,21 @@ def test_a_bfloat16_model_reads_the_float32_features(make_cfg, wav2vec2, clips, 
     with probe.open(full) as a, probe.open(half) as b:
         np.testing.assert_allclose(b["encoder.layers.0/output"][:],
                                    a["encoder.layers.0/output"][:], atol=0.1)
+
+
+@pytest.mark.parametrize("how", ["all", "first", "last", "mean"])
+def test_positions_of_a_sample_over_several_rows_pool_as_one(how):
+    from probe.format import Tokens
+    from probe.keys import select_tokens
+
+    value = torch.randn(5, 6, 3, generator=torch.Generator().manual_seed(0))
+    keep = torch.rand(5, 6, generator=torch.Generator().manual_seed(1)) > 0.3
+    keep[:, 0] = True
+    row_sample = torch.tensor([0, 0, 1, 2, 2])  # sample 0 and 2 span two rows each
+    got = select_tokens(value, keep, Tokens[how], row_sample)
+    per_sample = [torch.cat([value[r][keep[r]] for r in range(5) if row_sample[r] == s])
+                  for s in range(3)]
+    want = {"all": torch.cat(per_sample), "first": torch.stack([p[0] for p in per_sample]),
+            "last": torch.stack([p[-1] for p in per_sample]),
+            "mean": torch.stack([p.mean(0) for p in per_sample])}[how]
+    torch.testing.assert_close(got, want)
