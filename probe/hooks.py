@@ -120,6 +120,9 @@ class Capture:
         # set before each pass, marks the positions of a layout that count (None: all).
         self.transforms: dict[str, KeyTransform] = {}
         self.keep: torch.Tensor | None = None
+        # (rows,) the sample of each of the model's rows, where a sample is fed as several
+        # (probe.families.TokenLayout.row_sample); None: a row per sample
+        self.row_sample: torch.Tensor | None = None
         # How often each hooked module runs in one forward pass: given (a dry run's count) or
         # learned from the first complete pass; every later pass must run them as often.
         self.calls: dict[str, int] | None = dict(calls) if calls is not None else None
@@ -365,8 +368,13 @@ class Capture:
             self.tuple_positions[key] = position
         value = tensor.detach()
         transform = self.transforms.get(key)
+        if self.row_sample is not None and (transform is None or transform.pool is None):
+            raise ConfigError(
+                f"{key} has no position axis, so its rows of a sample fed as several windows "
+                f"cannot be joined; leave {split_key(key)[0]!r} out, or feed whole samples "
+                "(no dataset.window_seconds)")
         if transform is not None:
-            value = transform(value, self.keep)
+            value = transform(value, self.keep, self.row_sample)
         else:
             value = reduce_tensor(value, self.reduces[split_key(key)[0]])
         dtype = self.dtype or value.dtype

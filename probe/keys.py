@@ -42,13 +42,15 @@ class KeyTransform:
     prefix: int = 0  # tokens=patches: the special tokens before the patches
     grid: tuple[int, int] | None = None  # tokens=patches: the patch grid (rows, columns)
 
-    def __call__(self, value: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, value: torch.Tensor, keep: torch.Tensor | None = None,
+                 row_sample: torch.Tensor | None = None) -> torch.Tensor:
         """The stored rows of a captured (B, ...) tensor (cast by the caller, which copies);
-        ``keep`` marks the kept positions of a token layout."""
+        ``keep`` marks the kept positions of a token layout; ``row_sample``, the sample of
+        each of its rows where a sample spans several (TokenLayout.row_sample)."""
         if self.pool is Tokens.patches:
             value = patch_map(value, self.prefix, self.grid)
         elif self.pool is not None:
-            value = select_tokens(value, keep, self.pool)
+            value = select_tokens(value, keep, self.pool, row_sample)
         return reduce_tensor(value, self.reduce)
 
 
@@ -135,12 +137,17 @@ def _feature_pooling(key: str, reduce: Reduce, per_position: bool, patches: bool
             f"of the reduce ('reduce_by_layer={{{split_key(key)[0]}:none}}')")
 
 
-def select_tokens(value: torch.Tensor, keep: torch.Tensor | None, how: Tokens) -> torch.Tensor:
+def select_tokens(value: torch.Tensor, keep: torch.Tensor | None, how: Tokens,
+                  row_sample: torch.Tensor | None = None) -> torch.Tensor:
     """The rows ``how`` asks for of a (B, L, ...) tensor.
 
     ``all``: (number of kept positions, ...) in batch order, or the tensor itself when ``keep``
     is None; ``first``, ``last``, ``mean``: (B, ...). The mean is taken in float32 at least.
+    With ``row_sample`` (the sample of each of the B rows, in order, where a sample spans
+    several), ``first``, ``last`` and ``mean`` pool each sample's kept positions over its rows.
     """
+    if row_sample is not None and keep is not None:
+        return _by_sample(value, keep, how, row_sample)
     if keep is None:
         if how is Tokens.all:
             return value
@@ -167,6 +174,28 @@ def patch_map(value: torch.Tensor, prefix: int, grid: tuple[int, int]) -> torch.
     their grid: (B, D, rows, columns), patches in row-major order as the models lay them."""
     patches = value[:, prefix:]
     return patches.unflatten(1, grid).movedim(-1, 1)
+
+
+def _by_sample(value: torch.Tensor, keep: torch.Tensor, how: Tokens,
+               row_sample: torch.Tensor) -> torch.Tensor:
+    # the kept positions of all rows, in order: each sample's form one block
+    rows = value[keep]
+    if how is Tokens.all:
+        return rows
+    assert bool((row_sample[1:] >= row_sample[:-1]).all()), "a sample's rows are consecutive"
+    samples = int(row_sample.max()) + 1
+    lengths = torch.zeros(samples, dtype=torch.long, device=value.device).index_add_(
+        0, row_sample, keep.sum(1))
+    ends = lengths.cumsum(0)
+    if how is Tokens.first:
+        return rows[ends - lengths]
+    if how is Tokens.last:
+        return rows[ends - 1]
+    dtype = torch.promote_types(value.dtype, torch.float32)
+    owner = torch.repeat_interleave(torch.arange(samples, device=value.device), lengths)
+    sums = torch.zeros((samples, *rows.shape[1:]), dtype=dtype, device=value.device)
+    sums.index_add_(0, owner, rows.to(dtype))
+    return sums / lengths.view(-1, *[1] * (rows.dim() - 1)).to(dtype)
 
 
 def reduce_tensor(tensor: torch.Tensor, how: Reduce) -> torch.Tensor:

@@ -198,12 +198,12 @@ def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> in
             if len(batch):  # every sample of it may have been left out (dataset.on_error=skip)
                 layout = family.token_layout(model, batch)
                 on_device = batch.to(plan.device)
-                capture.keep = None if layout is None or layout.keep is None else \
-                    layout.keep.to(plan.device, non_blocking=True)
+                moved = None if layout is None else layout.to(plan.device)
+                capture.keep = None if moved is None else moved.keep
+                capture.row_sample = None if moved is None else moved.row_sample
                 _compute(plan, on_device)
                 values = {**capture.take(), **batch.position_rows, **batch.sample_rows}
-                lengths = None if layout is None or layout.keep is None else \
-                    layout.keep.sum(1)
+                lengths = None if layout is None else layout.lengths
             writer.put(batch.index, batch.target, values, ready=capture.copied,
                        lengths=lengths, ends_group=batch.ends_group, skipped=batch.skipped)
             units += feed.count(batch) if len(batch) else 0

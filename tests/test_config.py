@@ -17,7 +17,8 @@ DATASETS = sorted(p.stem for p in (CONFIG_DIR / "dataset").glob("*.yaml"))
 def test_the_groups_that_the_design_promises_exist():
     assert {"vgg16", "resnet18", "resnet50", "vit_b_16", "torchvision", "custom",
             "transformers"} <= set(MODELS)
-    assert {"synthetic", "imagefolder", "cifar10", "text", "tokens"} <= set(DATASETS)
+    assert {"synthetic", "imagefolder", "cifar10", "text", "tokens",
+            "audio"} <= set(DATASETS)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -84,11 +85,22 @@ def test_every_dataset_config_instantiates(make_cfg, tmp_path, monkeypatch, requ
         images = sorted(_image_tree(tmp_path / "images").glob("*/*.png"))
         extra = [f"dataset.path={write_pairs(tmp_path / 'pairs.csv', images)}",
                  "model=transformers", f"model.name={tiny_clip(tmp_path / 'clip')}"]
+    elif name == "audio":
+        from transformers import Wav2Vec2FeatureExtractor
+
+        from tests.tiny_audio import clip_folder
+
+        Wav2Vec2FeatureExtractor().save_pretrained(tmp_path / "extractor")
+        extra = [f"dataset.root={clip_folder(tmp_path / 'clips', [0.2])}",
+                 f"dataset.feature_extractor={tmp_path / 'extractor'}"]
     cfg = make_cfg(f"dataset={name}", *extra)
     dataset = build_dataset(cfg)  # dataset.on_error is probe's, not the dataset's argument
     if name == "pairs":
         item = dataset[0]
         assert item["pixel_values"].shape == (3, 32, 32) and item["input_ids"].shape == (12,)
+        return
+    if name == "audio":
+        assert dataset[0]["audio"].shape == (3200,) and dataset[0]["target"] == 0
         return
     if name in ("text", "tokens"):
         item = dataset[0]

@@ -48,7 +48,9 @@ class TokenLayout:
     never its padding), or is None when every position does (a vision transformer's); the
     first ``prefix`` positions are special tokens (class, registers), and the patches after
     them lie on ``grid`` (rows, columns), where the model has one. ``axis`` names a position
-    in the file's ``dims`` attr.
+    in the file's ``dims`` attr. ``row_sample`` (rows,) says which sample of the batch each
+    of the model's rows belongs to, where a sample is fed as several rows (the windows of a
+    long recording, in order), or is None: a row per sample.
     """
 
     length: int
@@ -56,9 +58,25 @@ class TokenLayout:
     prefix: int = 0
     grid: tuple[int, int] | None = None
     axis: str = "token"
+    row_sample: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> TokenLayout:
-        return self if self.keep is None else replace(self, keep=self.keep.to(device))
+        if self.keep is None:
+            return self
+        rows = None if self.row_sample is None else self.row_sample.to(device, non_blocking=True)
+        return replace(self, keep=self.keep.to(device, non_blocking=True), row_sample=rows)
+
+    @property
+    def lengths(self) -> torch.Tensor | None:
+        """(samples,) kept positions of each sample (None when every position is kept)."""
+        if self.keep is None:
+            return None
+        per_row = self.keep.sum(1)
+        if self.row_sample is None:
+            return per_row
+        samples = int(self.row_sample.max()) + 1 if len(self.row_sample) else 0
+        return torch.zeros(samples, dtype=per_row.dtype).index_add_(0, self.row_sample.cpu(),
+                                                                     per_row.cpu())
 
 
 class Family:

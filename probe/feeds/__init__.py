@@ -38,6 +38,10 @@ class Batch:
     inputs: Any  # what the model is called on: a tensor, or a dict of tensors (keywords)
     # for batches of sequences: (B, L) True at the positions whose rows are stored
     keep: torch.Tensor | None = None
+    # where a sample is fed as several rows of the model's input (the windows of a long
+    # recording, in order): (rows,) the sample (0..B-1) of each row, which inputs and keep
+    # then have; None: a row per sample
+    row_sample: torch.Tensor | None = None
     # bookkeeping per stored position (keep's True entries, in order), e.g. each token's id
     position_rows: dict[str, torch.Tensor] = field(default_factory=dict)
     # bookkeeping per sample, e.g. each sample's file

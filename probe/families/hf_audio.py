@@ -1,0 +1,171 @@
+"""Speech and audio checkpoints of transformers (wav2vec2, HuBERT, WavLM, Whisper, ...): the
+family that ``model=transformers`` specialises to for a model whose main input is sound
+(``input_values``, ``input_features``).
+
+It reads ``dataset=audio`` (probe.audio), whose batches the checkpoint's own feature extractor
+makes; it tells that feed how many real frames a clip gives (the model's own
+``_get_feat_extract_output_lengths``: wav2vec2's strided convolutions, Whisper's two), so that
+outputs of shape (clips, frames, ...) give one row per real frame, padding never stored. An
+encoder-decoder (Whisper) runs its encoder, and its decoder on one start token only (not at
+all when every hooked layer is in the encoder). Objectives: ``top1`` and ``target`` of an
+audio classification head; ``nll`` of a CTC head, the CTC loss of each clip's transcript
+(``dataset.transcript_column``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from probe.errors import ConfigError
+from probe.families import Family, TokenLayout, register
+from probe.families.transformers import TransformersFamily, head_of, target
+
+__all__ = ["AudioFamily", "FAMILY", "ctc_nll"]
+
+# heads of class logits (wav2vec2's audio classifier is named ...ForSequenceClassification)
+_CLASSIFIERS = ("audio_classification", "sequence_classification")
+
+
+class AudioFamily(TransformersFamily):
+    """Audio encoders: fed by their feature extractor, outputs (clips, frames, ...) are
+    layouts of frames whose real positions the model's length function gives."""
+
+    name = "transformers-audio"
+
+    def recognizes(self, model: nn.Module) -> bool:
+        return False  # reached through TransformersFamily.specialise only
+
+    def specialise(self, model: nn.Module) -> Family:
+        return self
+
+    def place(self, model: nn.Module, device: torch.device, asked: str
+              ) -> tuple[nn.Module, torch.device]:
+        if getattr(model, "hf_device_map", None):
+            raise ConfigError("model.device_map is for language models larger than one device; "
+                              "leave it unset for an audio model")
+        return model.to(device), device
+
+    def check_data(self, model: nn.Module, feed) -> None:
+        if getattr(feed, "kind", None) != "audio":
+            raise ConfigError(
+                f"{type(model).__name__} is an audio model: it reads sound, not these inputs; "
+                "add dataset=audio dataset.root=<a folder of class subfolders of sound files> "
+                "(or dataset.path=<a .csv or .jsonl list of files>)")
+        if not hasattr(model, "_get_feat_extract_output_lengths"):
+            raise ConfigError(
+                f"{type(model).__name__} does not say how many frames a clip gives (no "
+                "_get_feat_extract_output_lengths), so its real frames are not known; use an "
+                "encoder of frames (wav2vec2, HuBERT, WavLM, Whisper; AST's patches are not "
+                "supported yet)")
+        feed.bind(_Lengths(model))
+
+    def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:
+        if batch.keep is None:
+            return None
+        return TokenLayout(batch.keep.shape[1], keep=batch.keep, axis="frame",
+                           row_sample=batch.row_sample)
+
+    def forward(self, model: nn.Module, batch, *, input_grad: bool = False):
+        # the extractor gives float32; a model in bfloat16 or float16 reads its own type
+        inputs = {key: value.to(model.dtype) if value.is_floating_point() else value
+                  for key, value in batch.inputs.items()}
+        if input_grad:  # sound is a float input: the graph starts at it
+            name = model.main_input_name
+            inputs[name] = inputs[name].detach().requires_grad_()
+        if model.config.is_encoder_decoder:
+            # the model itself runs (its hooks see a pass start), its decoder on one token
+            # only; a run that hooks the encoder alone stops before the decoder
+            start = model.config.decoder_start_token_id
+            first = next(iter(inputs.values()))
+            inputs["decoder_input_ids"] = torch.full((len(first), 1), int(start or 0),
+                                                     dtype=torch.long, device=first.device)
+        return model(**inputs)
+
+    def objective(self, name: str, model: nn.Module) -> Callable:
+        named = {"top1": (_top1, _CLASSIFIERS),
+                 "target": (target, _CLASSIFIERS),
+                 "nll": (None, ("ctc",))}
+        if name not in named:
+            raise ConfigError(f"objective={name!r} is unknown for an audio model; use top1 or "
+                              "target (model.head=audio_classification), nll (model.head=ctc, "
+                              "with dataset.transcript_column), or a config with a _target_ "
+                              "callable")
+        function, heads = named[name]
+        head = head_of(model)
+        if head not in heads:
+            raise ConfigError(
+                f"objective={name} needs model.head={' or '.join(heads)}, but the model has "
+                f"{'no head' if head == 'base' else f'head {head}'} ({type(model).__name__})")
+        if name == "nll":
+            function = _ctc_nll(model)
+        return lambda output, batch: function(self._required_logits(output), _whole(batch))
+
+    def example_batch(self, model: nn.Module):
+        return None  # its frames need a feature extractor: layers are listed with data
+
+    def _required_logits(self, output) -> torch.Tensor:
+        logits = self.logits(output)
+        if logits is None:
+            raise ConfigError("the model returns no logits; use model.head=audio_classification "
+                              "or ctc for gradients")
+        return logits
+
+
+FAMILY = register(AudioFamily())
+
+
+class _Lengths:
+    """The model's own length function (real input lengths -> real frames), on the model's
+    config only: what a loader worker needs of the model, and picklable."""
+
+    def __init__(self, model: nn.Module):
+        self.model_class, self.config = type(model), model.config
+
+    def __call__(self, real: torch.Tensor) -> torch.Tensor:
+        return self.model_class._get_feat_extract_output_lengths(self, real)
+
+
+def _whole(batch):
+    if batch.row_sample is not None:
+        raise ConfigError("gradients of a clip fed as several windows are not joined into one; "
+                          "leave dataset.window_seconds unset for gradient hooks")
+    return batch
+
+
+def _top1(logits: torch.Tensor, batch) -> torch.Tensor:
+    return logits.amax(1)
+
+
+def _ctc_nll(model: nn.Module) -> Callable:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model.name_or_path)
+    except (OSError, ValueError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"objective=nll scores transcripts with the CTC checkpoint's "
+                          f"tokenizer, and {model.name_or_path!r} has none that loads ({first})"
+                          "; save the tokenizer beside the model") from None
+    blank = int(model.config.pad_token_id or 0)
+    return lambda logits, batch: ctc_nll(logits, batch, tokenizer, blank)
+
+
+def ctc_nll(logits: torch.Tensor, batch, tokenizer, blank: int) -> torch.Tensor:
+    """Each clip's CTC loss of its transcript (``/transcript``, tokenized by ``tokenizer``),
+    over its real frames, with ``blank`` the blank token (the model's pad token, as
+    transformers' CTC heads have it); summed over the transcript's tokens."""
+    from probe.audio.feed import TRANSCRIPT
+
+    texts = batch.sample_rows.get(TRANSCRIPT)
+    if texts is None:
+        raise ConfigError("objective=nll of a CTC head scores each clip's transcript; set "
+                          "dataset.transcript_column=<a column of dataset.path>")
+    ids = [torch.tensor(row, dtype=torch.long) for row in tokenizer(list(texts)).input_ids]
+    labels = nn.utils.rnn.pad_sequence(ids, batch_first=True).to(logits.device)
+    log_probs = nn.functional.log_softmax(logits.float(), dim=-1).transpose(0, 1)
+    return nn.functional.ctc_loss(log_probs, labels, batch.keep.sum(1),
+                                  torch.tensor([len(i) for i in ids], device=logits.device),
+                                  blank=blank, reduction="none", zero_infinity=True)
