@@ -34,8 +34,8 @@ class DryRun:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # batch axis first
     layouts: set[str] = field(default_factory=set)  # keys whose tensors follow the layout
     axis: str = "position"  # what the layout's positions are called (the family's word)
-    prefix: int = 0  # the layout's special tokens before its patches (vision transformers)
-    grid: tuple[int, int] | None = None  # the patch grid (rows, columns), where it has one
+    prefix: int = 0  # the layout's special positions before its grid (TokenLayout.prefix)
+    grid: tuple[int, int] | None = None  # the grid (rows, columns) of its positions, if any
 
 
 def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.device,

@@ -370,9 +370,9 @@ class Capture:
         transform = self.transforms.get(key)
         if self.row_sample is not None and (transform is None or transform.pool is None):
             raise ConfigError(
-                f"{key} has no position axis, so its rows of a sample fed as several windows "
-                f"cannot be joined; leave {split_key(key)[0]!r} out, or feed whole samples "
-                "(no dataset.window_seconds)")
+                f"{key} has no position axis, so the rows of a sample fed in pieces cannot be "
+                f"joined; leave {split_key(key)[0]!r} out, or feed whole samples (e.g. without "
+                "dataset.window_seconds)")
         if transform is not None:
             value = transform(value, self.keep, self.row_sample)
         else:
