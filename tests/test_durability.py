@@ -176,12 +176,12 @@ def _kill_until_done(tmp_path, samples: int, kills: int, seed: int, *extra: str,
     return resumed_at
 
 
-# compressed chunks are written whole, so they take another path through the store (the
-# default suite kills compressed runs at spread writes in test_kill_anywhere instead)
-COMPRESSION = ["output.compression=none",
-               pytest.param("output.compression=lzf", marks=pytest.mark.slow)]
+# compressed chunks are written whole, so they take another path through the store
+COMPRESSION = ["output.compression=none", "output.compression=lzf"]
 
 
+# the default suite kills runs at known writes instead (test_kill_anywhere)
+@pytest.mark.slow
 @pytest.mark.parametrize("compression", COMPRESSION)
 def test_sigkill_then_resume_gives_the_uninterrupted_file(tmp_path, reference, compression):
     resumed_at = _kill_until_done(tmp_path, 300, 1, 0, compression, at=150)
