@@ -25,14 +25,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import replace
 from functools import partial
 
 import numpy as np
 import torch
 
 from probe.errors import ConfigError, DataError
-from probe.feeds import Batch, Batching, OpenSelection, Selection, batch_loader
+from probe.feeds import (
+    Batch,
+    Batching,
+    LoadedItems,
+    OpenSelection,
+    Selection,
+    batch_loader,
+    loadable,
+)
 from probe.feeds.buckets import plan_batches
 from probe.format import FILE, POSITIONS, Attr, DatasetSpec
 
@@ -88,7 +95,7 @@ class AudioFeed:
                        for parts in [_equal_runs(positions, lengths)]
                        for n, part in enumerate(parts)]
         collate = partial(self.collate, dataset, skip_bad=batching.skip_bad)
-        loader = batch_loader(_Rows(dataset, selection), collate,
+        loader = batch_loader(LoadedItems(dataset, selection), collate,
                               num_workers=batching.num_workers, pin_memory=batching.pin_memory,
                               batch_sampler=[positions.tolist() for positions, _ in planned])
         for batch, (_, ends_group) in zip(loader, planned, strict=True):
@@ -98,7 +105,7 @@ class AudioFeed:
     def dry_batches(self, dataset, index: int) -> list[Batch]:
         """The clip alone, and its first four fifths alone: an output whose second axis
         follows the clip's length is a layout of frames."""
-        row = _Rows(dataset, [index])[0]
+        row = LoadedItems(dataset, [index])[0]
         if isinstance(row[1], str):
             raise DataError(row[1])
         shorter = {**row[1], "audio": row[1]["audio"][: max(1, len(row[1]["audio"]) * 4 // 5)]}
@@ -153,14 +160,9 @@ class AudioFeed:
                 skip_bad: bool = False) -> Batch:
         """A batch of clips (or of their windows) through the feature extractor, ``keep``
         marking the real frames that each row stores."""
-        bad = [(i, said) for i, said in rows if isinstance(said, str)]
-        if bad and not skip_bad:  # raised by the loader, in the run's process
-            return _failed(bad[0][1])
-        for _, said in bad:
-            log.warning("left out (dataset.on_error=skip): %s", said.split(";")[0])
-        rows = [row for row in rows if not isinstance(row[1], str)]
-        if not rows:
-            return replace(_failed(None), skipped=[i for i, _ in bad])
+        rows, skipped, instead = loadable(rows, skip_bad)
+        if instead is not None:
+            return instead
         items = [item for _, item in rows]
         cuts = [self._windows(dataset, len(item["audio"])) for item in items]
         sounds = [item["audio"][a:b] for item, cut in zip(items, cuts, strict=True)
@@ -187,7 +189,7 @@ class AudioFeed:
                      row_sample=torch.repeat_interleave(torch.arange(len(items)), torch.tensor(
                          [len(cut) for cut in cuts])) if windowed else None,
                      position_rows={POSITIONS: positions}, sample_rows=sample_rows,
-                     skipped=[i for i, _ in bad])
+                     skipped=skipped)
 
     def _windows(self, dataset, samples: int) -> list[tuple[int, int]]:
         # (start, stop) of each window of a clip of ``samples``: one, without windows
@@ -273,26 +275,3 @@ def _equal_runs(positions: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
     cuts = np.flatnonzero(np.diff(lengths[positions])) + 1
     return np.split(positions, cuts)
 
-
-class _Rows:
-    """The dataset seen through ``indices``, as (dataset index, item), or (dataset index,
-    why it cannot be loaded)."""
-
-    def __init__(self, dataset, indices: list[int]):
-        self.dataset, self.indices = dataset, indices
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int):
-        index = self.indices[i]
-        try:
-            return index, self.dataset[index]
-        except DataError as err:  # its own line, naming the sample
-            return index, str(err)
-
-
-def _failed(failure: str | None) -> Batch:
-    # a batch without samples: all were left out, or one failed (``failure``)
-    empty = torch.zeros(0, dtype=torch.int64)
-    return Batch(empty, empty, {}, keep=torch.zeros(0, 0, dtype=torch.bool), failure=failure)

@@ -106,12 +106,7 @@ class AudioFamily(TransformersFamily):
     def example_batch(self, model: nn.Module):
         return None  # its frames need a feature extractor: layers are listed with data
 
-    def _required_logits(self, output) -> torch.Tensor:
-        logits = self.logits(output)
-        if logits is None:
-            raise ConfigError("the model returns no logits; use model.head=audio_classification "
-                              "or ctc for gradients")
-        return logits
+    logit_heads = "audio_classification or ctc"
 
 
 FAMILY = register(AudioFamily())

@@ -297,11 +297,14 @@ class TransformersFamily(Family):
                      {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
                      keep=torch.ones(ids.shape, dtype=torch.bool))
 
+    # the heads whose logits objectives differentiate, for the message when a model has none
+    logit_heads = "causal_lm, masked_lm or sequence_classification"
+
     def _required_logits(self, output) -> torch.Tensor:
         logits = self.logits(output)
         if logits is None:
             raise ConfigError("the model returns no logits (model.head=base?); use model.head="
-                              "causal_lm, masked_lm or sequence_classification for gradients")
+                              f"{self.logit_heads} for gradients")
         return logits
 
 

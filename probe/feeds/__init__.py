@@ -13,6 +13,7 @@ A dataset names its feed in a ``feed`` attribute; ``feed_for`` falls back to the
 
 from __future__ import annotations
 
+import logging
 import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -25,8 +26,11 @@ from torch.utils.data import DataLoader, Dataset
 from probe.errors import DataError, ProbeError
 from probe.format import DatasetSpec
 
+log = logging.getLogger(__name__)
+
 __all__ = ["Feed", "Batch", "Batching", "OpenSelection", "Selection", "feed_for",
-           "batch_loader", "bad_sample", "leave_stop_signals_to_the_run"]
+           "batch_loader", "bad_sample", "leave_stop_signals_to_the_run", "LoadedItems",
+           "loadable"]
 
 
 @dataclass
@@ -202,6 +206,46 @@ def _raising(loader: DataLoader) -> Iterable[Batch]:
         if batch.failure is not None:
             raise DataError(batch.failure)
         yield batch
+
+
+class LoadedItems(Dataset):
+    """A dataset whose items raise DataError for a bad sample (one line naming it), seen
+    through ``indices`` as (dataset index, item) or (dataset index, that line): what a feed's
+    collate takes, in the run's process or a loader worker."""
+
+    def __init__(self, dataset, indices: list[int]):
+        self.dataset, self.indices = dataset, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> tuple[int, Any]:
+        index = self.indices[i]
+        try:
+            return index, self.dataset[index]
+        except DataError as err:  # its own line, naming the sample
+            return index, str(err)
+
+
+def loadable(rows: list[tuple[int, Any]], skip_bad: bool
+             ) -> tuple[list[tuple[int, Any]], list[int], Batch | None]:
+    """The rows of LoadedItems that loaded, the dataset indices of those left out, and the
+    batch to give instead of collating, if any: the first failure's (raised by the loader,
+    in the run's process) unless ``skip_bad``, or an empty one when every row was left out."""
+    bad = [(index, said) for index, said in rows if isinstance(said, str)]
+    if bad and not skip_bad:
+        return [], [], _empty_batch(failure=bad[0][1])
+    for _, said in bad:
+        log.warning("left out (dataset.on_error=skip): %s", said.split(";")[0])
+    good = [row for row in rows if not isinstance(row[1], str)]
+    skipped = [index for index, _ in bad]
+    return good, skipped, (None if good else _empty_batch(skipped=skipped))
+
+
+def _empty_batch(failure: str | None = None, skipped: list[int] | None = None) -> Batch:
+    empty = torch.zeros(0, dtype=torch.int64)
+    return Batch(empty, empty, {}, keep=torch.zeros(0, 0, dtype=torch.bool),
+                 skipped=skipped or [], failure=failure)
 
 
 def bad_sample(index: int, err: BaseException, where: str = "") -> str:

@@ -14,9 +14,8 @@ A dataset of token sequences (``Sequences``) gives items ``{"input_ids", "keep",
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from functools import partial
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -24,7 +23,15 @@ from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
 from probe.errors import DataError
-from probe.feeds import Batch, Batching, OpenSelection, Selection, batch_loader
+from probe.feeds import (
+    Batch,
+    Batching,
+    LoadedItems,
+    OpenSelection,
+    Selection,
+    batch_loader,
+    loadable,
+)
 from probe.feeds.buckets import plan_batches
 from probe.format import DOCUMENT, INPUT_IDS, POSITIONS, Attr, DatasetSpec
 from probe.text.stream import stream_items
@@ -71,7 +78,7 @@ class TextFeed:
             return
         planned = plan_batches(dataset.lengths(selection), batching)
         collate = partial(self.collate, skip_bad=batching.skip_bad)
-        loader = batch_loader(_Rows(dataset, selection), collate,
+        loader = batch_loader(LoadedItems(dataset, selection), collate,
                               num_workers=batching.num_workers, pin_memory=batching.pin_memory,
                               batch_sampler=[positions.tolist() for positions, _ in planned])
         for batch, (_, ends_group) in zip(loader, planned, strict=True):
@@ -100,7 +107,7 @@ class TextFeed:
         """The sample alone, and again one position shorter (or, for a sample of one token,
         one longer with padding): a captured tensor whose second axis follows the length is a
         token layout. Never longer than the sample, which may fill the model's positions."""
-        row = _Rows(dataset, [index])[0]
+        row = LoadedItems(dataset, [index])[0]
         if isinstance(row[1], str):
             raise DataError(row[1])
         if len(row[1]["input_ids"]) < 2:
@@ -111,14 +118,9 @@ class TextFeed:
 
     def collate(self, rows: list[tuple[int, dict | str]], extra: int = 0,
                 skip_bad: bool = False) -> Batch:
-        bad = [(i, said) for i, said in rows if isinstance(said, str)]
-        if bad and not skip_bad:  # raised by the loader, in the run's process
-            return _failed(bad[0][1])
-        for _, said in bad:
-            log.warning("left out (dataset.on_error=skip): %s", said.split(";")[0])
-        rows = [row for row in rows if not isinstance(row[1], str)]
-        if not rows:
-            return replace(_failed(None), skipped=[i for i, _ in bad])
+        rows, skipped, instead = loadable(rows, skip_bad)
+        if instead is not None:
+            return instead
         index = torch.tensor([i for i, _ in rows], dtype=torch.int64)
         items = [item for _, item in rows]
         ids = pad_sequence([item["input_ids"] for item in items], batch_first=True)
@@ -137,7 +139,7 @@ class TextFeed:
                                                  for item in items])
         return Batch(index, torch.tensor([item["target"] for item in items], dtype=torch.int64),
                      {"input_ids": ids, "attention_mask": real.long()}, keep=keep,
-                     position_rows=position_rows, skipped=[i for i, _ in bad])
+                     position_rows=position_rows, skipped=skipped)
 
     def stored_positions(self, dataset: Sequences, selection: Selection) -> np.ndarray | None:
         """The token rows each sample stores (None when read as it comes: not known before)."""
@@ -170,26 +172,3 @@ class TextFeed:
     def describe(self, batch: Batch) -> str:
         return f"{batch.keep.shape[1]} tokens"
 
-
-class _Rows:
-    """The dataset seen through ``indices``, as (dataset index, item), or (dataset index,
-    why it cannot be loaded)."""
-
-    def __init__(self, dataset, indices: list[int]):
-        self.dataset, self.indices = dataset, indices
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int) -> tuple[int, dict[str, Any] | str]:
-        index = self.indices[i]
-        try:
-            return index, self.dataset[index]
-        except DataError as err:  # its own line, naming the sample
-            return index, str(err)
-
-
-def _failed(failure: str | None) -> Batch:
-    # a batch without samples: all were left out, or one failed (``failure``)
-    empty = torch.zeros(0, dtype=torch.int64)
-    return Batch(empty, empty, {}, keep=torch.zeros(0, 0, dtype=torch.bool), failure=failure)
