@@ -34,6 +34,7 @@ class AudioFamily(TransformersFamily):
     layouts of frames whose real positions the model's length function gives."""
 
     name = "transformers-audio"
+    logit_heads = "audio_classification or ctc"
 
     def recognizes(self, model: nn.Module) -> bool:
         return False  # reached through TransformersFamily.specialise only
@@ -105,8 +106,6 @@ class AudioFamily(TransformersFamily):
 
     def example_batch(self, model: nn.Module):
         return None  # its frames need a feature extractor: layers are listed with data
-
-    logit_heads = "audio_classification or ctc"
 
 
 FAMILY = register(AudioFamily())
