@@ -359,16 +359,9 @@ def _main_input(cls: type) -> str:
 
 def _sibling(main_input: str) -> Family | None:
     """The FAMILY of the module that serves checkpoints reading ``main_input``; None for token
-    ids (this module's own) or where that module is not installed."""
+    ids (this module's own)."""
     module = _BY_INPUT.get(main_input)
-    if module is None:
-        return None
-    try:
-        return importlib.import_module(module).FAMILY
-    except ModuleNotFoundError as err:
-        if err.name != module:
-            raise
-        return None
+    return None if module is None else importlib.import_module(module).FAMILY
 
 
 def nll(logits: torch.Tensor, batch) -> torch.Tensor:
