@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 class AudioFeed:
     """The feed of clips of sound: see the module's docstring."""
 
-    kind = "audio"  # what a model family checks that it can read
+    kind = "audio"
     unit = "clip"
     positions = True
     hint = "a clip shorter than the model's convolutional stem, or a model for other inputs?"

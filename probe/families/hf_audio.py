@@ -50,7 +50,7 @@ class AudioFamily(TransformersFamily):
         return model.to(device), device
 
     def check_data(self, model: nn.Module, feed) -> None:
-        if getattr(feed, "kind", None) != "audio":
+        if feed.kind != "audio":
             raise ConfigError(
                 f"{type(model).__name__} is an audio model: it reads sound, not these inputs; "
                 "add dataset=audio dataset.root=<a folder of class subfolders of sound files> "

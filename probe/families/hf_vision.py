@@ -75,10 +75,11 @@ class VisionFamily(TransformersFamily):
         return ImageProcessorTransform(str(model_cfg.name))
 
     def check_data(self, model: nn.Module, feed) -> None:
-        if feed.positions or getattr(feed, "pairs", False):
+        if feed.kind != "tensors":
             raise ConfigError(
-                f"{type(model).__name__} is a vision model: it reads images, not text; use an "
-                "image dataset (dataset=imagefolder dataset.root=<folder of class subfolders>)")
+                f"{type(model).__name__} is a vision model: it reads images, not {feed.kind}; "
+                "use an image dataset (dataset=imagefolder dataset.root=<folder of class "
+                "subfolders>)")
 
     def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:
         pixels = _pixels(batch.inputs)

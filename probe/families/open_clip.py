@@ -112,11 +112,12 @@ class OpenClipFamily(Family):
         return OpenClipTokenizer(str(model_cfg.name))
 
     def check_data(self, model: nn.Module, feed) -> None:
-        if feed.positions:
+        if feed.kind not in ("tensors", "pairs"):
             raise ConfigError(
-                "model=open_clip runs its text tower on captions of its own tokenizer at its "
-                "context length: use dataset=pairs (images with captions); dataset=text is for "
-                "Hugging Face tokenizers")
+                f"model=open_clip reads images and image-text pairs, not {feed.kind}: it runs "
+                "its text tower on captions of its own tokenizer at its context length; use "
+                "dataset=pairs (images with captions); dataset=text is for Hugging Face "
+                "tokenizers")
 
     def check_layers(self, model: nn.Module, feed, reduces: Mapping[str, Reduce]) -> None:
         two_towers.check_layers(model, feed, reduces, self.towers)

@@ -3,7 +3,7 @@ SigLIP, open_clip's): which tower a layer belongs to, the refusal of a layer in 
 the data does not feed, and ``objective=similarity``, each pair's matched image-text logit.
 
 The data says which tower runs: images feed the vision tower, text (a feed of token positions)
-the text tower, image-text pairs (a feed with ``pairs = True``, probe.feeds.pairs) both.
+the text tower, image-text pairs (a feed of kind ``pairs``, probe.feeds.pairs) both.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def is_two_tower(cls: type) -> bool:
 
 def fed_towers(feed) -> tuple[str, ...]:
     """The towers that a dataset's feed runs."""
-    if getattr(feed, "pairs", False):
+    if feed.kind == "pairs":
         return ("vision", "text")
     return ("text",) if feed.positions else ("vision",)
 

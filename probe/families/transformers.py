@@ -247,7 +247,7 @@ class TransformersFamily(Family):
         return model, model.get_input_embeddings().weight.device
 
     def check_data(self, model: nn.Module, feed) -> None:
-        if not feed.positions or getattr(feed, "kind", "text") != "text":
+        if feed.kind != "text":
             raise ConfigError(
                 f"{type(model).__name__} is a language model: it reads text, not these inputs; "
                 "add dataset=text dataset.path=<a .txt, .jsonl, .csv or .parquet file> (or "

@@ -7,6 +7,8 @@ talk to a feed, so a new kind of data is a new feed, not a branch through them:
 
     probe.feeds.tensors   items are a tensor or (tensor, target): images, or any array
     probe.text.feed       token sequences for language models (dataset=text, dataset=tokens)
+    probe.feeds.pairs     images with captions, for both towers of a two-tower model
+    probe.audio.feed      sound through a checkpoint's feature extractor (dataset=audio)
 
 A dataset names its feed in a ``feed`` attribute; ``feed_for`` falls back to the TensorFeed.
 """
@@ -137,6 +139,9 @@ Selection = list[int] | OpenSelection
 class Feed(Protocol):
     """How one kind of data reaches the model (see the module's docstring)."""
 
+    # what the data is, for a model family to check that it can read it: "tensors" (images,
+    # any array), "text" (token sequences), "pairs" (images with captions), "audio"
+    kind: str
     unit: str  # what the progress bar counts: "sample", "tok"
     # whether batches hold sequences with a mask of the positions whose rows count (keep), so
     # that an output with a token axis can give one row per position

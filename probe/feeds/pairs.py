@@ -39,7 +39,7 @@ class PairsFeed:
 
     unit = "pair"
     positions = False
-    pairs = True  # both towers of a two-tower model run (probe.families.towers)
+    kind = "pairs"  # both towers of a two-tower model run (probe.families.towers)
     hint = "a model with an image tower and a text tower (CLIP, SigLIP, open_clip)?"
     targets_hint = "pairs have no targets; use objective=similarity"
 

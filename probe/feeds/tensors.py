@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 class TensorFeed:
     """Items are a tensor or a (tensor, int target, ...) tuple."""
 
+    kind = "tensors"
     unit = "sample"
     positions = False
     hint = "a dataset.image_size too small for it?"

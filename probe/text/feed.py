@@ -62,6 +62,7 @@ class Sequences(Protocol):
 class TextFeed:
     """The feed of token sequences: see the module's docstring."""
 
+    kind = "text"
     unit = "tok"
     positions = True
     hint = "a dataset.max_length beyond the model's positions?"
