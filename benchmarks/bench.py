@@ -25,6 +25,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # before tqdm is imported: it reads 
 
 import torch
 from hydra import compose, initialize_config_dir
+from peak import peak_rss_mib  # a sibling module: a script's own folder is on sys.path
 from torch import nn
 
 import probe
@@ -220,23 +221,15 @@ def case_grad(args, directory: Path) -> None:
 
 def _peak_rss_mib(samples: int, directory: Path) -> float:
     out = directory / f"rss{samples}.h5"
-    # VmHWM, not ru_maxrss: on Linux ru_maxrss carries over from the parent through fork and
-    # exec, so a child of this (by then large) process would report the parent's peak
-    code = (
-        "import sys\n"
+    peak = peak_rss_mib(
         "from hydra import compose, initialize_config_dir\n"
         "import probe\nfrom probe.config import CONFIG_DIR\n"
         "with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base='1.3'):\n"
         f"    cfg = compose('config', ['model=resnet18', 'layers=[layer1]', 'batch_size=16',\n"
         f"        'dataset.num_samples={samples}', 'output.path={out}'])\n"
-        "probe.run(cfg)\n"
-        "status = open('/proc/self/status').read().split('VmHWM:')[1]\n"
-        "print(int(status.split()[0]))\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True)
+        "probe.run(cfg)")
     out.unlink()
-    return int(result.stdout.split()[-1]) / 1024
+    return peak
 
 
 def case_memory(args, directory: Path) -> None:

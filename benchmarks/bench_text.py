@@ -25,7 +25,6 @@ import copy
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import probe  # noqa: E402
+from benchmarks.peak import peak_rss_mib  # noqa: E402
 from probe.config import CONFIG_DIR  # noqa: E402
 from probe.feeds import Batching  # noqa: E402
 from tests.tiny_text import WORDS, tiny_gpt2, write_jsonl  # noqa: E402
@@ -145,16 +145,14 @@ def compare(args, model, dataset, tokens: int, name: str, extra: list[str], base
            statistics.median(base), targets[1], tokens)
 
 
-def peak_rss_mib(model_dir: Path, docs: Path, out: Path) -> float:
-    code = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
-            "from benchmarks.bench_text import _cfg\nimport probe\nfrom pathlib import Path\n"
-            f"probe.run(_cfg(Path({str(model_dir)!r}), Path({str(docs)!r}), "
-            f"Path({str(out)!r}), 'dataset.streaming=true'))\n"
-            "print(int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True, env={**os.environ, "TQDM_DISABLE": "1"})
+def streamed_peak_mib(model_dir: Path, docs: Path, out: Path) -> float:
+    peak = peak_rss_mib(f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+                        "from benchmarks.bench_text import _cfg\nimport probe\n"
+                        "from pathlib import Path\n"
+                        f"probe.run(_cfg(Path({str(model_dir)!r}), Path({str(docs)!r}), "
+                        f"Path({str(out)!r}), 'dataset.streaming=true'))")
     out.unlink()
-    return int(result.stdout.split()[-1]) / 1024
+    return peak
 
 
 def main() -> None:
@@ -199,9 +197,9 @@ def main() -> None:
                     "bare fwd+grad", (0.80, 1.10))
         if "memory" in (args.case or ["memory"]):
             more = corpus(tmp, args.docs * 8, tokenizer, seed=1)
-            one = statistics.median(peak_rss_mib(model_dir, docs, tmp / "m1.h5")
+            one = statistics.median(streamed_peak_mib(model_dir, docs, tmp / "m1.h5")
                                     for _ in range(args.repeat))
-            eight = statistics.median(peak_rss_mib(model_dir, more, tmp / "m8.h5")
+            eight = statistics.median(streamed_peak_mib(model_dir, more, tmp / "m8.h5")
                                       for _ in range(args.repeat))
             verdict = "meets" if eight / one <= 1.10 else "MISSES"
             print(f"{'peak RSS, 8x the documents':<28} {eight:.0f} MiB vs {one:.0f} MiB: ratio "

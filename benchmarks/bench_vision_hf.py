@@ -23,7 +23,6 @@ import argparse
 import copy
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import probe  # noqa: E402
+from benchmarks.peak import peak_rss_mib  # noqa: E402
 from probe.config import CONFIG_DIR  # noqa: E402
 from probe.feeds import Batching  # noqa: E402
 from probe.feeds.tensors import TensorFeed  # noqa: E402
@@ -117,16 +117,14 @@ def bare_forward(head, batches) -> float:
     return time.perf_counter() - started
 
 
-def peak_rss_mib(model_dir: Path, images: Path, out: Path) -> float:
-    code = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
-            "from benchmarks.bench_vision_hf import _cfg\nimport probe\nfrom pathlib import Path\n"
-            f"probe.run(_cfg(Path({str(model_dir)!r}), Path({str(out)!r}), "
-            f"'dataset=imagefolder', 'dataset.root={images}'))\n"
-            "print(int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True, env={**os.environ, "TQDM_DISABLE": "1"})
+def folder_peak_mib(model_dir: Path, images: Path, out: Path) -> float:
+    peak = peak_rss_mib(f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+                        "from benchmarks.bench_vision_hf import _cfg\nimport probe\n"
+                        "from pathlib import Path\n"
+                        f"probe.run(_cfg(Path({str(model_dir)!r}), Path({str(out)!r}), "
+                        f"'dataset=imagefolder', 'dataset.root={images}'))")
     out.unlink()
-    return int(result.stdout.split()[-1]) / 1024
+    return peak
 
 
 def main() -> None:
@@ -175,7 +173,7 @@ def main() -> None:
             peaks = {}
             for times in (1, 4):
                 images = png_folder(tmp / f"png{times}", one * times)
-                peaks[times] = peak_rss_mib(model_dir, images, tmp / f"m{times}.h5")
+                peaks[times] = folder_peak_mib(model_dir, images, tmp / f"m{times}.h5")
             print(f"memory: peak RSS {peaks[1]:.0f} MiB at {one} PNG images, {peaks[4]:.0f} MiB "
                   f"at {4 * one} ({peaks[4] / peaks[1]:.2f}x)", flush=True)
 

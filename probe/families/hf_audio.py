@@ -21,7 +21,7 @@ from torch import nn
 
 from probe.errors import ConfigError
 from probe.families import Family, TokenLayout, register
-from probe.families.transformers import TransformersFamily, head_of, target
+from probe.families.transformers import TransformersFamily, require_head, target
 
 __all__ = ["AudioFamily", "FAMILY", "ctc_nll"]
 
@@ -95,11 +95,7 @@ class AudioFamily(TransformersFamily):
                               "with dataset.transcript_column), or a config with a _target_ "
                               "callable")
         function, heads = named[name]
-        head = head_of(model)
-        if head not in heads:
-            raise ConfigError(
-                f"objective={name} needs model.head={' or '.join(heads)}, but the model has "
-                f"{'no head' if head == 'base' else f'head {head}'} ({type(model).__name__})")
+        require_head(model, name, heads)
         if name == "nll":
             function = _ctc_nll(model)
         return lambda output, batch: function(self._required_logits(output), _whole(batch))

@@ -21,7 +21,7 @@ from torch import nn
 from probe.errors import ConfigError, DataError
 from probe.families import Family, TokenLayout, register
 
-__all__ = ["transformers_model", "head_of", "HEADS", "nll", "FAMILY", "source_of",
+__all__ = ["transformers_model", "head_of", "require_head", "HEADS", "nll", "FAMILY", "source_of",
            "CaptionTokenizer"]
 
 log = logging.getLogger(__name__)
@@ -157,6 +157,19 @@ def _plain(device_map):
     return dict(device_map) if hasattr(device_map, "items") else device_map
 
 
+def require_head(model: nn.Module, objective: str, heads: tuple[str, ...]) -> None:
+    """Refuse ``objective`` on a model whose head is not one of ``heads``.
+
+    Raises:
+        ConfigError: naming the heads it needs and the one the model has.
+    """
+    head = head_of(model)
+    if head not in heads:
+        raise ConfigError(
+            f"objective={objective} needs model.head={' or '.join(heads)}, but the model has "
+            f"{'no head' if head == 'base' else f'head {head}'} ({type(model).__name__})")
+
+
 def head_of(model: nn.Module) -> str:
     """Which head a transformers model carries (one of HEADS), from its class name."""
     name = type(model).__name__
@@ -280,12 +293,7 @@ class TransformersFamily(Family):
                               "top1, target, or a config with a _target_ callable (logits, "
                               "targets) -> one value per sample")
         function, heads = named[name]
-        head = head_of(model)
-        if head not in heads:
-            raise ConfigError(
-                f"objective={name} needs model.head={' or '.join(heads)}, but the model has "
-                f"{'no head' if head == 'base' else f'head {head}'} ({type(model).__name__})"
-            )
+        require_head(model, name, heads)
         return lambda output, batch: function(self._required_logits(output), batch)
 
     def example_batch(self, model: nn.Module):

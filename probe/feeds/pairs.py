@@ -16,7 +16,7 @@ import csv
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +24,8 @@ import torch
 from torch.utils.data import Dataset
 
 from probe.errors import ConfigError, DataError
-from probe.feeds import Batch, Batching, Selection, bad_sample, batch_loader
+from probe.feeds import Batch, bad_sample
+from probe.feeds.tensors import TensorFeed
 from probe.format import FILE, Attr, DatasetSpec
 
 __all__ = ["PairsDataset", "PairsFeed", "CAPTION"]
@@ -34,8 +35,9 @@ log = logging.getLogger(__name__)
 CAPTION = "caption"  # the bookkeeping dataset of each row's caption
 
 
-class PairsFeed:
-    """Batches of image-text pairs: ``{"pixel_values", "input_ids", "attention_mask"}``."""
+class PairsFeed(TensorFeed):
+    """Batches of image-text pairs: ``{"pixel_values", "input_ids", "attention_mask"}``; read
+    in order, as the tensors feed reads its samples."""
 
     unit = "pair"
     positions = False
@@ -45,22 +47,6 @@ class PairsFeed:
 
     def has_targets(self, dataset: PairsDataset, sample: int) -> bool:
         return False
-
-    def loader(self, dataset: PairsDataset, selection: Selection,
-               batching: Batching) -> Iterable[Batch]:
-        rows = _Rows(dataset, selection, skip_bad=batching.skip_bad)
-        return batch_loader(rows, rows.collate, batching.batch_size, batching.num_workers,
-                            batching.pin_memory)
-
-    def dry_batches(self, dataset: PairsDataset, index: int) -> list[Batch]:
-        rows = _Rows(dataset, [index])
-        batch = rows.collate([rows[0]])
-        if batch.failure is not None:
-            raise DataError(batch.failure)
-        return [batch]
-
-    def stored_positions(self, dataset: PairsDataset, selection: Selection) -> None:
-        return None
 
     def bookkeeping(self, dataset: PairsDataset) -> dict[str, DatasetSpec]:
         dims = {Attr.DIMS: ["sample"]}
@@ -73,16 +59,14 @@ class PairsFeed:
         return {"transform": json.dumps(describe_transform(dataset.transform)),
                 "tokenizer": repr(dataset.tokenizer)}
 
-    def count(self, batch: Batch) -> int:
-        return len(batch)
-
-    def units(self, dataset: PairsDataset, selection: Selection) -> int:
-        return len(selection)
-
     def describe(self, batch: Batch) -> str:
         inputs = batch.inputs
         return (f"an image of shape {tuple(inputs['pixel_values'].shape[1:])} and "
                 f"{inputs['input_ids'].shape[1]} tokens")
+
+    @staticmethod
+    def _rows(dataset: PairsDataset, indices: list[int], skip_bad: bool = False):
+        return _Rows(dataset, indices, skip_bad=skip_bad)
 
 
 class PairsDataset(Dataset):

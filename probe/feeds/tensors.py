@@ -39,12 +39,12 @@ class TensorFeed:
     def loader(self, dataset: Dataset, selection: Selection,
                batching: Batching) -> Iterable[Batch]:
         """Batches of ``batching.batch_size`` over ``selection``, in order."""
-        rows = _Rows(dataset, selection, skip_bad=batching.skip_bad)
+        rows = self._rows(dataset, selection, skip_bad=batching.skip_bad)
         return batch_loader(rows, rows.collate, batching.batch_size, batching.num_workers,
                             batching.pin_memory)
 
     def dry_batches(self, dataset: Dataset, index: int) -> list[Batch]:
-        rows = _Rows(dataset, [index])
+        rows = self._rows(dataset, [index])
         batch = rows.collate([rows[0]])
         if batch.failure is not None:
             raise DataError(batch.failure)
@@ -79,6 +79,11 @@ class TensorFeed:
 
     def describe(self, batch: Batch) -> str:
         return f"shape {tuple(batch.inputs.shape[1:])}"
+
+    @staticmethod
+    def _rows(dataset: Dataset, indices: list[int], skip_bad: bool = False):
+        # the selected samples as a Dataset whose collate makes a Batch (a sibling feed's own)
+        return _Rows(dataset, indices, skip_bad=skip_bad)
 
 
 def split_item(item) -> tuple[torch.Tensor, int | None]:
