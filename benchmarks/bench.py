@@ -24,17 +24,16 @@ from pathlib import Path
 os.environ.setdefault("TQDM_DISABLE", "1")  # before tqdm is imported: it reads this once
 
 import torch
-from hydra import compose, initialize_config_dir
 from peak import peak_rss_mib  # a sibling module: a script's own folder is on sys.path
 from torch import nn
 
 import probe
-from probe.config import CONFIG_DIR
-from probe.data import SyntheticImages
-from probe.feeds import Batching
-from probe.feeds.tensors import TensorFeed
-from probe.format import DatasetSpec
-from probe.store import Store
+from probe.config.compose import compose
+from probe.data.feed import Batching
+from probe.data.images import SyntheticImages
+from probe.data.tensors import TensorFeed
+from probe.file.format import DatasetSpec
+from probe.file.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 DEVICE = torch.device("cpu")  # --device: where the model runs, for probe and the baselines alike
@@ -46,9 +45,8 @@ def _sync() -> None:
 
 
 def _cfg(overrides: list[str], out: Path):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose("config", [*overrides, f"output.path={out}", "output.overwrite=true",
-                                  f"device={DEVICE}"])
+    return compose([*overrides, f"output.path={out}", "output.overwrite=true",
+                    f"device={DEVICE}"])
 
 
 DRY_RUNS: list[float] = []  # seconds of each probe run's one-sample dry run, newest last
@@ -222,11 +220,9 @@ def case_grad(args, directory: Path) -> None:
 def _peak_rss_mib(samples: int, directory: Path) -> float:
     out = directory / f"rss{samples}.h5"
     peak = peak_rss_mib(
-        "from hydra import compose, initialize_config_dir\n"
-        "import probe\nfrom probe.config import CONFIG_DIR\n"
-        "with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base='1.3'):\n"
-        f"    cfg = compose('config', ['model=resnet18', 'layers=[layer1]', 'batch_size=16',\n"
-        f"        'dataset.num_samples={samples}', 'output.path={out}'])\n"
+        "import probe\nfrom probe.config.compose import compose\n"
+        f"cfg = compose(['model=resnet18', 'layers=[layer1]', 'batch_size=16',\n"
+        f"    'dataset.num_samples={samples}', 'output.path={out}'])\n"
         "probe.run(cfg)")
     out.unlink()
     return peak

@@ -29,14 +29,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 import torch
-from hydra import compose, initialize_config_dir
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import probe  # noqa: E402
-from probe.config import CONFIG_DIR  # noqa: E402
-from probe.feeds import Batching  # noqa: E402
+from probe.config.compose import compose  # noqa: E402
+from probe.data.feed import Batching  # noqa: E402
 from tests.tiny_audio import tone, write_wav  # noqa: E402
 
 BLOCK = 5
@@ -63,11 +62,10 @@ def clips(directory: Path, count: int, longest: float, seed: int = 0) -> Path:
 
 
 def _cfg(model_dir: Path, root: Path, out: Path, *extra: str):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose("config", ["model=transformers", f"model.name={model_dir}",
-                                  "model.head=base", "dataset=audio", f"dataset.root={root}",
-                                  f"layers=[{LAYER}]", "batch_size=8", f"output.path={out}",
-                                  "output.overwrite=true", "device=cpu", *extra])
+    return compose(["model=transformers", f"model.name={model_dir}",
+                    "model.head=base", "dataset=audio", f"dataset.root={root}",
+                    f"layers=[{LAYER}]", "batch_size=8", f"output.path={out}",
+                    "output.overwrite=true", "device=cpu", *extra])
 
 
 def probe_run(cfg, model, dataset) -> float:
@@ -88,7 +86,7 @@ def bare_forward(head, loader) -> float:
 
 def padded_share(dataset, batching: Batching) -> float:
     """The share of the input samples a run's batches compute that are padding."""
-    from probe.feeds.buckets import plan_batches
+    from probe.data.buckets import plan_batches
 
     lengths = dataset.lengths(list(range(len(dataset))))
     planned = plan_batches(lengths, batching)
@@ -107,8 +105,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     from transformers import AutoModel
 
-    from probe.build import build_dataset
     from probe.families import family_for
+    from probe.pipeline.build import build_dataset
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

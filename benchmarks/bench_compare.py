@@ -1,5 +1,5 @@
-"""CKA between all pairs of 6 layers of two 20k-row files: probe.compare against the in-memory
-numpy computation, which must load both files first.
+"""CKA between all pairs of 6 layers of two 20k-row files: probe.analyses.compare against the
+in-memory numpy computation, which must load both files first.
 
     python benchmarks/bench_compare.py                      # about two minutes on 2 CPU cores
     python benchmarks/bench_compare.py --rows 5000          # a quicker look
@@ -34,10 +34,10 @@ _PEAK = ("def peak():\n"
 
 _PROBE = _PEAK + """
 import json, sys, time
-import probe.compare
+import probe.analyses.compare
 start = peak()
 began = time.perf_counter()
-result = probe.compare.compare(sys.argv[1], sys.argv[2], metric="cka", device=sys.argv[3],
+result = probe.analyses.compare.compare(sys.argv[1], sys.argv[2], metric="cka", device=sys.argv[3],
                                memory_mb=float(sys.argv[4]))
 seconds = time.perf_counter() - began
 print(json.dumps({"seconds": seconds, "peak": peak(), "imports": start,
@@ -69,8 +69,8 @@ def make_file(path: Path, rows: int, seed: int) -> Path:
     of a shared latent, so that the CKA values are neither 0 nor 1."""
     import torch
 
-    from probe.format import DatasetSpec
-    from probe.store import Store
+    from probe.file.format import DatasetSpec
+    from probe.file.store import Store
 
     rng = np.random.default_rng(seed)
     latent = np.random.default_rng(0).normal(size=(rows, 32))

@@ -34,15 +34,14 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # before tqdm is imported: it reads 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
-from hydra import compose, initialize_config_dir
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import probe  # noqa: E402
 from benchmarks.peak import peak_rss_mib  # noqa: E402
-from probe.config import CONFIG_DIR  # noqa: E402
-from probe.feeds import Batching  # noqa: E402
+from probe.config.compose import compose  # noqa: E402
+from probe.data.feed import Batching  # noqa: E402
 from tests.tiny_text import WORDS, tiny_gpt2, write_jsonl  # noqa: E402
 
 LAYER = "transformer.h.2"
@@ -62,11 +61,10 @@ def corpus(directory: Path, count: int, tokenizer, seed: int = 0) -> Path:
 
 
 def _cfg(model_dir: Path, docs: Path, out: Path, *extra: str):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose("config", ["model=transformers", f"model.name={model_dir}",
-                                  "dataset=text", f"dataset.path={docs}", f"layers=[{LAYER}]",
-                                  "batch_size=16", f"output.path={out}", "output.overwrite=true",
-                                  "device=cpu", *extra])
+    return compose(["model=transformers", f"model.name={model_dir}",
+                    "dataset=text", f"dataset.path={docs}", f"layers=[{LAYER}]",
+                    "batch_size=16", f"output.path={out}", "output.overwrite=true",
+                    "device=cpu", *extra])
 
 
 def probe_run(cfg, model, dataset) -> float:
@@ -113,7 +111,7 @@ def bare_grad(model, loader) -> float:
 
 def padded_share(dataset, batching: Batching) -> float:
     """The share of the positions a run's batches compute that are padding."""
-    from probe.feeds.buckets import plan_batches
+    from probe.data.buckets import plan_batches
 
     lengths = dataset.lengths(list(range(len(dataset))))
     planned = plan_batches(lengths, batching)
@@ -166,7 +164,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from probe.build import build_dataset
+    from probe.pipeline.build import build_dataset
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

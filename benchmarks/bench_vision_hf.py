@@ -33,7 +33,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
 from torch.utils.data import Dataset  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,9 +40,9 @@ sys.path.insert(0, str(REPO))
 
 import probe  # noqa: E402
 from benchmarks.peak import peak_rss_mib  # noqa: E402
-from probe.config import CONFIG_DIR  # noqa: E402
-from probe.feeds import Batching  # noqa: E402
-from probe.feeds.tensors import TensorFeed  # noqa: E402
+from probe.config.compose import compose  # noqa: E402
+from probe.data.feed import Batching  # noqa: E402
+from probe.data.tensors import TensorFeed  # noqa: E402
 
 LAYER, BLOCK, BATCH = "layers.6", 6, 32
 
@@ -89,11 +88,10 @@ def png_folder(root: Path, count: int) -> Path:
 
 
 def _cfg(model_dir: Path, out: Path, *extra: str):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose("config", ["model=transformers", f"model.name={model_dir}",
-                                  f"layers=[{LAYER}]", "tokens=first", f"batch_size={BATCH}",
-                                  f"output.path={out}", "output.overwrite=true", "device=cpu",
-                                  *extra])
+    return compose(["model=transformers", f"model.name={model_dir}",
+                    f"layers=[{LAYER}]", "tokens=first", f"batch_size={BATCH}",
+                    f"output.path={out}", "output.overwrite=true", "device=cpu",
+                    *extra])
 
 
 def probe_run(cfg, model, dataset) -> tuple[float, float]:

@@ -17,12 +17,11 @@ import numpy as np
 import pytest
 import torch
 import torchvision
-from hydra import compose, initialize_config_dir
 from torch import nn
 
 import probe
-import probe.writer
-from probe.config import CONFIG_DIR
+import probe.file.writer
+from probe.config.compose import compose
 from tests.tiny import PacedImages, TinyNet  # noqa: F401  (shared with the test modules)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,8 +42,7 @@ def compose_cfg(*overrides: str, output: Path | None = None, tiny: bool = True):
     picked or ``tiny`` is false) and ``output.path=output`` when given."""
     base = TINY if tiny and not any(o.startswith("dataset=") for o in overrides) else []
     path = [f"output.path={output}"] if output is not None else []
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose("config", [*base, *path, *overrides])
+    return compose([*base, *path, *overrides])
 
 
 @pytest.fixture
@@ -142,7 +140,7 @@ def interrupt_after(monkeypatch, batches: int) -> None:
     """Make the run's writer raise KeyboardInterrupt when it is handed batch ``batches + 1``,
     as a Ctrl-C between batches would (the first ``batches`` are kept)."""
     calls = []
-    original = probe.writer.BackgroundWriter.put
+    original = probe.file.writer.BackgroundWriter.put
 
     def put(self, *args, **kwargs):
         calls.append(1)
@@ -151,7 +149,7 @@ def interrupt_after(monkeypatch, batches: int) -> None:
             raise KeyboardInterrupt
         original(self, *args, **kwargs)
 
-    monkeypatch.setattr(probe.writer.BackgroundWriter, "put", put)
+    monkeypatch.setattr(probe.file.writer.BackgroundWriter, "put", put)
 
 
 def no_h5_files(directory: Path) -> bool:

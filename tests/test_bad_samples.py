@@ -11,7 +11,7 @@ import pytest
 
 import probe
 from probe.errors import DataError
-from probe.merge import merge
+from probe.file.merge import merge
 from tests.conftest import interrupt_after, no_h5_files
 
 RUN = ["model=resnet18", "layers=[fc]", "dataset=imagefolder", "dataset.image_size=32",

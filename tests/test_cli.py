@@ -71,7 +71,7 @@ def test_list_layers(tmp_path):
 
 
 def test_run_folder_names_can_be_typed_back_unquoted():
-    from probe.commands import run_folder_name
+    from probe.config.folders import run_folder_name
 
     assert run_folder_name("layers=[features.28],model=vgg16") == "layers-features.28+model-vgg16"
     # characters that the name cannot keep add a hash, so that names stay one-to-one
@@ -102,16 +102,16 @@ def test_a_kept_run_folder_logs_the_error(tmp_path):
 
 
 def test_a_read_only_working_directory_is_one_line(monkeypatch, capsys):
-    from probe.commands import run as command
+    from probe.commands import flags
 
-    monkeypatch.setattr(command.os, "access", lambda path, mode: False)
+    monkeypatch.setattr(flags.os, "access", lambda path, mode: False)
     with pytest.raises(SystemExit) as exit_info:
-        command._refuse_a_read_only_directory(["model=vgg16"])
+        flags.refuse_a_read_only_directory(["model=vgg16"])
     assert exit_info.value.code == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("probe: error: the current folder")
     assert "hydra.run.dir=" in err
-    command._refuse_a_read_only_directory(["hydra.run.dir=/elsewhere"])  # nothing to refuse
+    flags.refuse_a_read_only_directory(["hydra.run.dir=/elsewhere"])  # nothing to refuse
 
 
 def test_overrides_with_long_absolute_paths(tmp_path, checkpoints):

@@ -15,11 +15,10 @@ import pytest
 import scipy.stats
 import torch
 import yaml
-from hydra import compose, initialize_config_dir
 
 import probe
-from probe.compare import compare, write_similarity
-from probe.config import CONFIG_DIR
+from probe.analyses.compare import compare, write_similarity
+from probe.config.compose import compose
 from probe.errors import ConfigError, DataError
 from tests.conftest import REPO, TINY_NET, compose_cfg, run_cli
 
@@ -213,7 +212,7 @@ def test_rows_of_two_files_are_matched_by_index(runs, tmp_path, caplog, metric, 
                                     {key: f[key][:][keep] for key in KEYS}, layers=LAYERS)
     else:
         path = runs[other]
-    with caplog.at_level(logging.INFO, logger="probe.compare"):
+    with caplog.at_level(logging.INFO, logger="probe.analyses.compare"):
         result = compare(runs["a"], path, metric=metric)
     ys, index_b = zip(*(_rows(path, key) for key in KEYS), strict=True)
     x_all, index_a = _rows(runs["a"], KEYS[0])
@@ -329,7 +328,7 @@ def test_cli_writes_the_table_the_csv_and_the_heatmap(runs, tmp_path):
 
 
 def test_default_out_dir_is_beside_the_file(runs, tmp_path):
-    from probe.compare import default_out_dir
+    from probe.analyses.compare import default_out_dir
 
     assert default_out_dir(runs["a"]) == runs["a"].parent / "a_compare"
     written = write_similarity(compare(runs["a"], keys=["fc"]), tmp_path / "x")
@@ -339,11 +338,10 @@ def test_default_out_dir_is_beside_the_file(runs, tmp_path):
 
 def _command_error(capsys, *overrides):
     # the command layer in this process: the line it prints and its exit status
-    import probe.compare_config  # noqa: F401
+    from probe.analyses.compare.config import CompareConfig
     from probe.commands.compare import _compare
 
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("compare", list(overrides))
+    cfg = compose(list(overrides), name="compare", schema=CompareConfig)
     with pytest.raises(SystemExit) as stopped:
         _compare(cfg)
     err = capsys.readouterr().err
@@ -395,7 +393,7 @@ def test_missing_cuda_is_an_error_and_mps_is_refused(runs, monkeypatch):
     if not torch.cuda.is_available():  # asked for, never a silent fallback to the CPU
         with pytest.raises(probe.ProbeError, match="no CUDA device is available"):
             compare(runs["a"], device="cuda")
-    monkeypatch.setattr("probe.stats.resolve_device", lambda spec: torch.device("mps"))
+    monkeypatch.setattr("probe.analyses.stats.resolve_device", lambda spec: torch.device("mps"))
     with pytest.raises(ConfigError, match="device=mps has no float64"):
         compare(runs["a"], device="mps")
 
@@ -411,8 +409,8 @@ def test_cuda_gives_the_cpu_numbers(runs, metric):
 # --- the house's rules, for this command -----------------------------------------------------
 
 def test_defaults_live_in_the_schema_only():
-    from probe.compare_config import CompareConfig
-    from probe.encode_config import EncodeConfig
+    from probe.analyses.compare.config import CompareConfig
+    from probe.analyses.encode.config import EncodeConfig
 
     for name, schema in (("compare", CompareConfig), ("encode", EncodeConfig)):
         fields = {f.name for f in dataclasses.fields(schema)}
@@ -420,16 +418,17 @@ def test_defaults_live_in_the_schema_only():
         assert not fields & set(conf), name
 
 
-@pytest.mark.parametrize("function", ["probe.compare:compare", "probe.encode:encode",
-                                      "probe.encode:write_results"])
+@pytest.mark.parametrize("function", ["probe.analyses.compare:compare",
+                                      "probe.analyses.encode:encode",
+                                      "probe.analyses.encode:write_results"])
 def test_python_defaults_are_the_commands_defaults(function):
     import importlib
 
-    from probe.compare_config import CompareConfig
-    from probe.encode_config import EncodeConfig
+    from probe.analyses.compare.config import CompareConfig
+    from probe.analyses.encode.config import EncodeConfig
 
     module, name = function.split(":")
-    schema = CompareConfig if module == "probe.compare" else EncodeConfig
+    schema = CompareConfig if module == "probe.analyses.compare" else EncodeConfig
     defaults = {f.name: f.default for f in dataclasses.fields(schema)
                 if f.default is not dataclasses.MISSING}
     signature = inspect.signature(getattr(importlib.import_module(module), name))

@@ -6,9 +6,9 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
-from probe.build import build_dataset, build_model
 from probe.config import CONFIG_DIR
-from probe.data import image_folder
+from probe.data.images import image_folder
+from probe.pipeline.build import build_dataset, build_model
 
 MODELS = sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml"))
 DATASETS = sorted(p.stem for p in (CONFIG_DIR / "dataset").glob("*.yaml"))
@@ -111,7 +111,7 @@ def test_every_dataset_config_instantiates(make_cfg, tmp_path, monkeypatch, requ
 
 
 def test_synthetic_items_are_the_same_on_every_run():
-    from probe.data import SyntheticImages
+    from probe.data.images import SyntheticImages
 
     a, b = SyntheticImages(4, 32, seed=1), SyntheticImages(4, 32, seed=1)
     assert torch.equal(a[2][0], b[2][0]) and a[2][1] == b[2][1]

@@ -15,7 +15,7 @@ import pytest
 
 import probe
 from probe.errors import OutputError, RunStopped
-from probe.runner import StopRequest
+from probe.pipeline.execute import StopRequest
 from tests.conftest import (
     REPO,
     TINY_NET,

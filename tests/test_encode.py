@@ -14,12 +14,11 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 import probe
-from probe.config import CONFIG_DIR
-from probe.encode import encode
-from probe.encode.projection import SparseProjection
+from probe.analyses.encode import encode
+from probe.analyses.encode.projection import SparseProjection
+from probe.config.compose import compose
 from tests.conftest import REPO, TINY_NET, compose_cfg, error_line, run_cli
 from tests.test_compare import write_probe_file
 
@@ -151,11 +150,10 @@ def test_rows_of_a_real_run_pair_with_targets_by_index(tmp_path):
 
 
 def _command(capsys, *overrides):
-    import probe.encode_config  # noqa: F401
+    from probe.analyses.encode.config import EncodeConfig
     from probe.commands.encode import _encode
 
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("encode", list(overrides))
+    cfg = compose(list(overrides), name="encode", schema=EncodeConfig)
     return _encode(cfg)
 
 
@@ -252,7 +250,7 @@ def test_cuda_gives_the_cpu_numbers(layered, solver):
 
 _MEASURE = """
 import json, sys
-import probe.compare, probe.encode
+import probe.analyses.compare, probe.analyses.encode
 
 def peak():  # the process's high-water mark of resident memory, bytes
     for line in open("/proc/self/status"):
@@ -261,8 +259,8 @@ def peak():  # the process's high-water mark of resident memory, bytes
 
 found = {}
 for name, targets in json.loads(sys.argv[1]):
-    c = probe.compare.compare(name, memory_mb=8)
-    e = probe.encode.encode(name, targets, memory_mb=8, folds=3)
+    c = probe.analyses.compare.compare(name, memory_mb=8)
+    e = probe.analyses.encode.encode(name, targets, memory_mb=8, folds=3)
     found[name] = {"peak": peak(), "solver": e[0]["solver"], "cka": c.values[("a/output",
                    "b/output")], "score": e[0]["score"]}
 print(json.dumps(found))

@@ -10,13 +10,12 @@ import shutil
 import h5py
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 import probe
-from probe.config import CONFIG_DIR
+from probe.analyses.fit import COLUMNS, fit_probes
+from probe.analyses.plots import plot_accuracy
+from probe.config.compose import compose
 from probe.errors import ConfigError, DataError, OutputError
-from probe.fit import COLUMNS, fit_probes
-from probe.plots import plot_accuracy
 from tests.conftest import run_cli
 
 LAYERS = ["layer1", "layer2", "layer3"]
@@ -36,11 +35,10 @@ def one_thread(monkeypatch):
 def features(tmp_path_factory):
     """resnet18 (random weights) on 200 synthetic 32 px images, three layers mean-pooled."""
     path = tmp_path_factory.mktemp("fit") / "features.h5"
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("config", ["model=resnet18", f"layers=[{','.join(LAYERS)}]",
-                                 "reduce=mean", "dataset.num_samples=200",
-                                 "dataset.image_size=32", "batch_size=50",
-                                 f"output.path={path}"])
+    cfg = compose(["model=resnet18", f"layers=[{','.join(LAYERS)}]",
+                   "reduce=mean", "dataset.num_samples=200",
+                   "dataset.image_size=32", "batch_size=50",
+                   f"output.path={path}"])
     return probe.run(cfg)
 
 
@@ -116,7 +114,7 @@ def test_cli_writes_table_and_json_and_never_imports_matplotlib(features, tmp_pa
 
 
 def test_adam_takes_the_steps_of_torch_optim_adam():
-    from probe.fit import Adam
+    from probe.analyses.fit import Adam
 
     start = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
     ours, theirs = start.clone().requires_grad_(True), start.clone().requires_grad_(True)

@@ -10,22 +10,20 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 import probe
-from probe.config import CONFIG_DIR
+from probe.analyses.gradcam import gradcam, save_montage, write_gradcam
+from probe.config.compose import compose
 from probe.errors import ConfigError
-from probe.gradcam import gradcam, save_montage, write_gradcam
 from tests.conftest import run_cli
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def _run(path, *overrides):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("config", ["model=resnet18", "hooks=[forward,backward]",
-                                 "dataset.num_samples=10", "batch_size=4",
-                                 f"output.path={path}", *overrides])
+    cfg = compose(["model=resnet18", "hooks=[forward,backward]",
+                   "dataset.num_samples=10", "batch_size=4",
+                   f"output.path={path}", *overrides])
     return probe.run(cfg)
 
 
@@ -86,7 +84,7 @@ def test_gradcam_function_numpy_and_torch():
 
 def test_montage_over_the_rebuilt_images(features, tmp_path, caplog):
     out = write_gradcam(features, output=tmp_path / "cam.h5")  # the only layer with both
-    with caplog.at_level(logging.WARNING, logger="probe.gradcam"):
+    with caplog.at_level(logging.WARNING, logger="probe.analyses.gradcam"):
         png = save_montage(out, num_images=4)
     assert not caplog.records  # the synthetic dataset was rebuilt from the stored config
     assert png == tmp_path / "cam.png" and png.read_bytes()[:8] == PNG
@@ -96,9 +94,9 @@ def test_montage_over_the_rebuilt_images(features, tmp_path, caplog):
 def test_montage_without_the_dataset_draws_maps_alone(features, tmp_path, caplog):
     out = write_gradcam(features, "layer3", tmp_path / "cam.h5")
     with h5py.File(out, "r+") as f:  # a dataset that cannot be rebuilt here
-        f.attrs["config"] = str(f.attrs["config"]).replace("probe.data.SyntheticImages",
+        f.attrs["config"] = str(f.attrs["config"]).replace("probe.data.images.SyntheticImages",
                                                            "mylab.gone.Scans")
-    with caplog.at_level(logging.WARNING, logger="probe.gradcam"):
+    with caplog.at_level(logging.WARNING, logger="probe.analyses.gradcam"):
         png = save_montage(out, num_images=3, png=tmp_path / "alone.png")
     assert "drawing the maps alone" in caplog.text
     assert png.read_bytes()[:8] == PNG

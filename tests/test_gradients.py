@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 import probe
-from probe.data import SyntheticImages
+from probe.data.images import SyntheticImages
 from probe.errors import ConfigError
 from tests.conftest import hook_count, load_model, model_overrides, no_h5_files, run_with
 

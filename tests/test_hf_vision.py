@@ -109,7 +109,7 @@ def test_reduce_on_a_vit_block_is_refused_and_points_at_tokens(make_cfg, folders
 
 
 def test_gradcam_from_vit_patches_equals_the_formula(make_cfg, folders, tmp_path):
-    from probe.gradcam import gradcam, write_gradcam
+    from probe.analyses.gradcam import gradcam, write_gradcam
 
     # the last block's patches reach the class token's logits through no later block: their
     # gradient is zero, so the first block's
@@ -149,19 +149,19 @@ def test_new_weights_are_one_warning_line(make_cfg, folders, caplog):
 
 
 def test_layers_lists_the_token_layout_and_patch_shapes(make_cfg, folders, tmp_path):
-    from probe.commands.layers import layer_table
+    from probe.pipeline.listing import layer_table
     from tests.tiny_vision import tiny_clip
 
-    notes: list[str] = []
     # the default dataset's 224 px images do not suit a 32 px ViT: its own example is listed
-    rows = {row[0]: row for row in layer_table(make_cfg(
-        "model=transformers", f"model.name={folders['dinov2']}", "tokens=patches"), notes)}
+    notes, table = layer_table(make_cfg(
+        "model=transformers", f"model.name={folders['dinov2']}", "tokens=patches"))
+    rows = {row[0]: row for row in table}
     assert notes == ["token layout: 21 tokens = 5 class/register token(s) + 4x4 patches; "
                      "tokens=patches stores (features, 4, 4)"]
     assert rows["encoder.layer.1"][2] == "(32, 4, 4)"
     clip = tiny_clip(tmp_path / "clip")
     rows = {row[0]: row for row in layer_table(make_cfg(
-        "model=transformers", f"model.name={clip}", "tokens=first"))}
+        "model=transformers", f"model.name={clip}", "tokens=first"))[1]}
     assert rows["name"][-1] == "tower"
     assert rows["vision_model.encoder.layers.1"][2:] == ("(32,)", "128 B", "vision")
     assert rows["text_model.encoder.layers.1"][2:] == ("(12, 32)", "1.5 KiB", "text")

@@ -8,9 +8,9 @@ import h5py
 import pytest
 
 import probe
-import probe.merge
+import probe.file.merge
 from probe.errors import OutputError
-from probe.merge import merge
+from probe.file.merge import merge
 from tests.conftest import assert_same_datasets, run_cli
 
 # batch_size=1: each sample is computed alone in every run, so values match bit for bit
@@ -72,8 +72,8 @@ def test_copy_is_self_contained(shards, single, tmp_path):
 
 def test_copy_goes_a_block_at_a_time(shards, single, tmp_path, monkeypatch):
     # blocks of 2 rows over 3 shards: every block takes rows from shards in another order
-    monkeypatch.setattr(probe.merge, "chunk_shape", lambda row, size, total, **_: (2, *row))
-    monkeypatch.setattr(probe.merge, "_COPY_BLOCK_BYTES", 1)
+    monkeypatch.setattr(probe.file.merge, "chunk_shape", lambda row, size, total, **_: (2, *row))
+    monkeypatch.setattr(probe.file.merge, "_COPY_BLOCK_BYTES", 1)
     out = merge(tmp_path / "copied.h5", shards(3), copy=True)
     with h5py.File(out, "r") as f:
         assert f["layer4/output"].chunks[0] == 2
@@ -122,7 +122,7 @@ def test_the_sweep_callback_merges_each_complete_set(shards, single, tmp_path):
     from omegaconf import OmegaConf
 
     from probe.commands.merge import MergeShards
-    from probe.config import NEUTRAL_KEYS
+    from probe.config.schema import NEUTRAL_KEYS
 
     sweep = tmp_path / "sweep"  # laid out as a multirun's jobs are
     for k, part in enumerate(shards(2)):

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torchvision
 
-from probe.checkpoints import load_checkpoint
 from probe.errors import ConfigError, DataError
+from probe.families.checkpoints import load_checkpoint
 from probe.families.torchvision import torchvision_model
 
 

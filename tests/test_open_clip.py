@@ -108,10 +108,10 @@ def test_a_text_layer_with_images_and_an_unknown_name_are_one_line(make_cfg, set
 
 
 def test_layers_lists_both_towers(make_cfg, setup):
-    from probe.commands.layers import layer_table
+    from probe.pipeline.listing import layer_table
 
-    notes: list[str] = []
-    rows = {row[0]: row for row in layer_table(_cfg(make_cfg, setup, "tokens=patches"), notes)}
+    notes, table = layer_table(_cfg(make_cfg, setup, "tokens=patches"))
+    rows = {row[0]: row for row in table}
     assert notes and "4x4 patches" in notes[0]
     assert rows["visual.transformer.resblocks.1"][2:] == ("(32, 4, 4)", "2.0 KiB", "vision")
     assert rows["transformer.resblocks.1"][2:] == ("(12, 32)", "1.5 KiB", "text")

@@ -10,7 +10,7 @@ import torch
 from torchvision.models.feature_extraction import create_feature_extractor
 
 import probe
-from probe.data import SyntheticImages
+from probe.data.images import SyntheticImages
 from tests.conftest import hook_count, load_model, model_overrides
 
 CASES = {

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import probe
-from probe.merge import merge
+from probe.file.merge import merge
 from tests.conftest import TINY_NET
 
 pytestmark = pytest.mark.skipif(shutil.which("h5dump") is None,

@@ -9,8 +9,8 @@ import torch
 
 import probe
 from probe.errors import ConfigError, DataError, OutputError
-from probe.read import open_checked
-from probe.rows import RowLoader, row_blocks
+from probe.file.read import open_checked
+from probe.file.rows import RowLoader, row_blocks
 
 N, CHUNK = 103, 8  # rows, rows per chunk: the last chunk is short
 

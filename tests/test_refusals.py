@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import probe
+from probe.analyses.fit import fit_probes
 from probe.errors import DataError, OutputError, ProbeError
-from probe.fit import fit_probes
-from probe.merge import merge
-from probe.output import WriterLock
+from probe.file.merge import merge
+from probe.file.output import WriterLock
 from tests.conftest import TINY_NET, interrupt_after, no_h5_files, run_with
 from tests.tiny import TinyNet
 
@@ -185,7 +185,7 @@ def test_what_a_stopped_run_left_unusable_is_removed_and_the_run_starts_again(
 
 def _mark_open_for_writing(path) -> None:
     # the superblock of a file whose SWMR writer was killed: status flags write + SWMR write
-    from probe.partial import lookup3
+    from probe.file.partial import lookup3
 
     with open(path, "r+b") as stream:
         block = bytearray(stream.read(48))

@@ -9,7 +9,7 @@ import torch
 
 import probe
 from probe.errors import ConfigError, DataError, DeviceError, OutputError, ProbeError
-from probe.format import partial_path
+from probe.file.format import partial_path
 from tests.conftest import assert_same_datasets, interrupt_after, no_h5_files
 
 
@@ -32,7 +32,7 @@ def test_layout_and_attrs(make_cfg):
         assert dims == ["sample", "channel", "height", "width"]
         assert list(f["fc/output"].attrs["dims"]) == ["sample", "feature"]
         assert list(f["index"].attrs["dims"]) == ["sample"]
-        targets = [probe.data.SyntheticImages(6, 32)[i][1] for i in range(6)]
+        targets = [probe.data.images.SyntheticImages(6, 32)[i][1] for i in range(6)]
         np.testing.assert_array_equal(f["target"][:], targets)
     assert not partial_path(path).exists()
 

@@ -1,6 +1,6 @@
-"""Shards nest: a job's ranks take a finer strided split (probe.shards), their files merge into
-a file that is itself the job's shard, and the jobs' files merge into the whole run, also beside
-the file of a job that ran as one process. In this process, with a tiny model."""
+"""Shards nest: a job's ranks take a finer strided split (probe.pipeline.shards), their files
+merge into a file that is itself the job's shard, and the jobs' files merge into the whole run,
+also beside the file of a job that ran as one process. In this process, with a tiny model."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 import probe
 from probe.errors import OutputError
-from probe.merge import merge
-from probe.shards import nested_shard, rank_files, rank_path
+from probe.file.merge import merge
+from probe.pipeline.shards import nested_shard, rank_files, rank_path
 from tests.conftest import TINY_NET, assert_same_datasets, compose_cfg
 
 # batch_size=1: each sample is computed alone in every run, so values match bit for bit

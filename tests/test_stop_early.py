@@ -63,7 +63,7 @@ def test_a_module_reused_after_the_stop_point_is_still_captured():
     with probe.Capture(model, ["act", "mid"], stop_early=True) as cap, torch.inference_mode():
         model(x)
         first = cap.take()
-        with pytest.raises(probe.hooks.StopForward):
+        with pytest.raises(probe.pipeline.hooks.StopForward):
             model(x)
         second = cap.take()
     assert list(first) == ["act/output", "act/output_1", "mid/output"]

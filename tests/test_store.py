@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import probe
-from probe.config import differing_keys
+from probe.config.schema import differing_keys
 from probe.errors import OutputError
-from probe.format import DatasetSpec
-from probe.store import _CHUNK_BYTES, Store, chunk_shape, filter_options
+from probe.file.format import DatasetSpec
+from probe.file.store import _CHUNK_BYTES, Store, chunk_shape, filter_options
 
 
 @pytest.mark.parametrize("row_shape, max_rows", [

@@ -1,5 +1,5 @@
-"""The shape of the house: the library never imports the commands layer, each default has one
-home, and the file format's names are declared once."""
+"""The shape of the house: floors of folders that import only the floors below them, thin entry
+points, no import cycle, each default in one home, and the file format's names declared once."""
 
 from __future__ import annotations
 
@@ -14,23 +14,23 @@ from pathlib import Path
 import pytest
 import yaml
 
-from probe.config import NEUTRAL_KEYS
+from probe.config.schema import NEUTRAL_KEYS
 from tests.conftest import REPO
 
 PACKAGE = REPO / "probe"
-COMMANDS = PACKAGE / "commands"
+# the floors, lowest first: a module imports its own floor and those below it, never above
+FLOORS = ["errors", "version", "config", "file", "data", "families", "pipeline", "analyses",
+          "commands"]
+# what python -m probe.<command> runs; each only calls into probe.commands
+ENTRY_POINTS = {"__main__", "layers", "merge", "fit", "gradcam", "compare", "encode"}
+MODULES = {p: ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+           for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _is_command(path: Path) -> bool:
-    return COMMANDS in path.parents or path.name == "__main__.py"
-
-
-LIBRARY = sorted(p for p in PACKAGE.rglob("*.py") if not _is_command(p))
-
-
-def _module(path: Path) -> str:
-    parts = path.relative_to(REPO).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def _floor(module: str) -> str:
+    """The floor of a module of the package ("entry" for the entry points)."""
+    part = module.split(".")[1] if "." in module else "__init__"
+    return "entry" if part in ENTRY_POINTS else part
 
 
 def _load(spec: str):
@@ -38,75 +38,46 @@ def _load(spec: str):
     return getattr(importlib.import_module(module), name)
 
 
-def _imports(path: Path, top_level: bool = False) -> set[str]:
-    """Every module a file imports, at its top or inside a function (or, with ``top_level``,
-    when it is imported)."""
+def _imports(path: Path) -> set[str]:
+    """Every module of the package that a file imports, at its top or inside a function."""
     found: set[str] = set()
-    tree = ast.parse(path.read_text())
-    for node in (tree.body if top_level else ast.walk(tree)):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return found
+    return found & set(MODULES.values())
 
 
-@pytest.mark.parametrize("path", LIBRARY, ids=_module)
-def test_the_library_never_imports_the_commands(path):
-    upward = {name for name in _imports(path)
-              if name.startswith("probe.commands") or name.endswith("__main__")}
-    assert not upward, f"{_module(path)} imports {sorted(upward)}"
+def test_the_package_shows_its_floors():
+    entries = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
+               if p.name != "__pycache__" and (p.is_dir() or p.suffix == ".py")}
+    floors = entries - ENTRY_POINTS - {"__init__", "version"}
+    assert floors <= set(FLOORS) and len(floors) <= 8, sorted(floors)
+    for name in ENTRY_POINTS:
+        lines = (PACKAGE / f"{name}.py").read_text().splitlines()
+        assert len(lines) <= 15, name
+        command = "run" if name == "__main__" else name
+        assert _imports(PACKAGE / f"{name}.py") == {f"probe.commands.{command}"}
 
 
-def test_importing_the_library_loads_no_command_and_no_entry_point():
-    modules = [_module(p) for p in LIBRARY]
-    code = (f"import importlib, sys\nfor m in {modules!r}:\n    importlib.import_module(m)\n"
-            "print('\\n'.join(sorted(sys.modules)))")
-    loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                            text=True, check=True).stdout.split()
-    assert set(modules) <= set(loaded)
-    commands = [m for m in loaded if m.startswith("probe.") and
-                (m.startswith("probe.commands") or m.endswith("__main__"))]
-    assert not commands
-
-
-def test_the_run_folder_leaves_out_exactly_the_keys_a_resume_ignores():
-    conf = yaml.safe_load((REPO / "conf" / "config.yaml").read_text())
-    excluded = conf["hydra"]["job"]["config"]["override_dirname"]["exclude_keys"]
-    assert sorted(excluded) == sorted(NEUTRAL_KEYS)
-
-
-@pytest.mark.parametrize("config, schema", [("config", "probe.config:ProbeConfig"),
-                                            ("fit", "probe.fit_config:FitConfig"),
-                                            ("gradcam", "probe.gradcam_config:GradcamConfig")])
-def test_defaults_live_in_the_schema_only(config, schema):
-    fields = {f.name for f in dataclasses.fields(_load(schema))}
-    conf = yaml.safe_load((REPO / "conf" / f"{config}.yaml").read_text())
-    repeated = fields & set(conf) - {"model", "dataset"}  # groups are picked in the YAML
-    assert not repeated, f"conf/{config}.yaml repeats the schema's defaults of {repeated}"
-
-
-@pytest.mark.parametrize("function, schema", [
-    ("probe.fit:fit_probes", "probe.fit_config:FitConfig"),
-    ("probe.gradcam:write_gradcam", "probe.gradcam_config:GradcamConfig"),
-    ("probe.gradcam:save_montage", "probe.gradcam_config:GradcamConfig"),
-])
-def test_python_defaults_are_the_commands_defaults(function, schema):
-    defaults = {f.name: f.default for f in dataclasses.fields(_load(schema))}
-    signature = inspect.signature(_load(function))
-    shared = [p for p in signature.parameters.values() if p.name in defaults
-              and p.default is not inspect.Parameter.empty]
-    assert shared and all(p.default == defaults[p.name] for p in shared)
+@pytest.mark.parametrize("path", list(MODULES), ids=list(MODULES.values()))
+def test_a_floor_imports_only_the_floors_below_it(path):
+    own = _floor(MODULES[path])
+    if own in ("entry", "__init__"):
+        return
+    above = [m for m in _imports(path) if _floor(m) not in ("__init__",)
+             and FLOORS.index(_floor(m)) > FLOORS.index(own)]
+    assert not above, f"{MODULES[path]} (floor {own}) imports {sorted(above)}"
 
 
 def test_the_import_graph_has_no_cycles():
-    modules = {_module(p): p for p in PACKAGE.rglob("*.py")}
-    graph = {name: {m for m in _imports(path, top_level=True) if m in modules and m != name}
-             for name, path in modules.items()}
+    # imports inside functions count, and so does a package that imports its own submodule
+    graph = {module: _imports(path) - {module} for path, module in MODULES.items()}
 
     def cycle_from(start, seen=()):
-        for nxt in graph[start]:
+        for nxt in sorted(graph[start]):
             if nxt in seen:
                 return [*seen[seen.index(nxt):], nxt]
             found = cycle_from(nxt, (*seen, nxt))
@@ -118,13 +89,80 @@ def test_the_import_graph_has_no_cycles():
     assert not cycles, " -> ".join(cycles[0])
 
 
-@pytest.mark.parametrize("module, allowed", [
-    ("store", {"probe.errors", "probe.format", "probe.partial", "probe.version"}),
-    ("format", {"probe.errors"}),
-    ("partial", set()),
+def test_importing_the_library_loads_no_command_and_no_hydra():
+    library = [m for m in MODULES.values() if _floor(m) not in ("commands", "entry")
+               and not m.startswith(("probe.config.compose", "probe.config.arguments"))]
+    code = (f"import importlib, sys\nfor m in {library!r}:\n    importlib.import_module(m)\n"
+            "print('\\n'.join(sorted(sys.modules)))")
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert set(library) <= set(loaded)
+    commands = [m for m in loaded if m.startswith("probe.commands")]
+    assert not commands
+
+
+def test_opening_a_file_loads_no_hydra(tmp_path):
+    from probe.file.format import DatasetSpec
+    from probe.file.store import Store
+
+    path = tmp_path / "f.h5"
+    with Store(path, config_yaml="a: 1\n", num_rows=1,
+               datasets={"x/output": DatasetSpec((2,), "float32")}) as store:
+        store.append([0], [0], {"x/output": [[1.0, 2.0]]})
+        store.finish()
+    code = (f"import sys, probe\nwith probe.open({str(path)!r}) as f:\n"
+            "    f['x/output'][:]\nprint('hydra' in sys.modules)")
+    found = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                           text=True, check=True).stdout.strip()
+    assert found == "False"
+
+
+def test_the_run_folder_leaves_out_exactly_the_keys_a_resume_ignores():
+    conf = yaml.safe_load((REPO / "conf" / "config.yaml").read_text())
+    excluded = conf["hydra"]["job"]["config"]["override_dirname"]["exclude_keys"]
+    assert sorted(excluded) == sorted(NEUTRAL_KEYS)
+
+
+@pytest.mark.parametrize("config, schema", [
+    ("config", "probe.config.schema:ProbeConfig"),
+    ("fit", "probe.analyses.fit.config:FitConfig"),
+    ("gradcam", "probe.analyses.gradcam.config:GradcamConfig"),
 ])
-def test_the_store_and_the_file_format_import_nothing_above_them(module, allowed):
-    found = _imports(PACKAGE / f"{module}.py", top_level=True)
-    imported = {m.rsplit(".", 1)[0] if m.rsplit(".", 1)[0] in allowed else m
-                for m in found if m.startswith("probe")}
-    assert imported <= allowed, imported - allowed
+def test_defaults_live_in_the_schema_only(config, schema):
+    fields = {f.name for f in dataclasses.fields(_load(schema))}
+    conf = yaml.safe_load((REPO / "conf" / f"{config}.yaml").read_text())
+    repeated = fields & set(conf) - {"model", "dataset"}  # groups are picked in the YAML
+    assert not repeated, f"conf/{config}.yaml repeats the schema's defaults of {repeated}"
+
+
+@pytest.mark.parametrize("function, schema", [
+    ("probe.analyses.fit:fit_probes", "probe.analyses.fit.config:FitConfig"),
+    ("probe.analyses.gradcam:write_gradcam", "probe.analyses.gradcam.config:GradcamConfig"),
+    ("probe.analyses.gradcam:save_montage", "probe.analyses.gradcam.config:GradcamConfig"),
+])
+def test_python_defaults_are_the_commands_defaults(function, schema):
+    defaults = {f.name: f.default for f in dataclasses.fields(_load(schema))}
+    signature = inspect.signature(_load(function))
+    shared = [p for p in signature.parameters.values() if p.name in defaults
+              and p.default is not inspect.Parameter.empty]
+    assert shared and all(p.default == defaults[p.name] for p in shared)
+
+
+def test_no_command_file_does_library_work():
+    # the torchrun launcher aside, a command parses, calls the library and prints
+    for path in (PACKAGE / "commands").glob("*.py"):
+        if path.name != "ranks.py":
+            assert len(path.read_text().splitlines()) <= 80, path.name
+        reached = {m for m in _imports(path) if m.startswith(("probe.families", "probe.data",
+                                                               "probe.pipeline.keys"))
+                   and m != "probe.data.selection"}  # which samples a torchrun rank takes
+        assert not reached, f"{path.name} imports {sorted(reached)}"
+
+
+def test_families_inherit_at_most_two_deep():
+    from probe.families.base import Family
+
+    for module in [m for m in MODULES.values() if m.startswith("probe.families.")]:
+        for _, cls in inspect.getmembers(importlib.import_module(module), inspect.isclass):
+            if issubclass(cls, Family) and cls is not Family:
+                assert Family in cls.__bases__, f"{cls.__qualname__} derives from {cls.__bases__}"

@@ -11,7 +11,7 @@ import torch
 
 import probe
 from probe.errors import ConfigError, DataError
-from probe.merge import merge
+from probe.file.merge import merge
 from tests.conftest import (
     assert_same_datasets,
     compose_cfg,
@@ -125,8 +125,8 @@ def test_bucketed_batches_give_the_same_file(text_cfg, tmp_path):
 
 
 def test_batch_plans_cover_every_sample_once_by_length_and_budget():
-    from probe.feeds import Batching
-    from probe.feeds.buckets import plan_batches
+    from probe.data.buckets import plan_batches
+    from probe.data.feed import Batching
 
     lengths = np.random.default_rng(0).integers(1, 100, 50)
     for batching in (Batching(4), Batching(4, bucket=True), Batching(4, 150),
@@ -248,7 +248,7 @@ def test_nested_shards_merge_into_one_run(text_cfg, tmp_path):
     """torchrun on two nodes: each node's two ranks (a 4-way split) merge into the node's file,
     shard c of 2 (node 1's copied, so its rows are in its ranks' order); then the nodes'
     files merge into the whole run."""
-    from probe.shards import nested_shard
+    from probe.pipeline.shards import nested_shard
 
     single = probe.run(text_cfg("layers=[transformer.h.0]", output=tmp_path / "single.h5"))
     nodes = []
@@ -297,12 +297,12 @@ def test_reading_token_rows_shuffled_and_probing_the_last_token(text_cfg, tmp_pa
                  for row in x[:20]]
         np.testing.assert_array_equal(y[:20].numpy(), per_token[order])
     with pytest.raises(ConfigError, match="one row per token.*tokens=last"):
-        from probe.fit import fit_probes
+        from probe.analyses.fit import fit_probes
 
         fit_probes(path)
     last = probe.run(text_cfg("layers=[transformer.h.1]", "dataset.label_column=label",
                               "tokens=last", output=tmp_path / "last.h5"))
-    from probe.fit import fit_probes
+    from probe.analyses.fit import fit_probes
 
     (result,) = fit_probes(last, epochs=2, test_fraction=0.3)
     assert result["n_test"] == 3 and 0 <= result["accuracy"] <= 1
@@ -360,9 +360,9 @@ def test_bad_text_input_is_one_line_and_no_file(text_cfg, tmp_path, overrides, e
 
 
 def test_the_layer_listing_is_per_token(text_cfg):
-    from probe.commands.layers import layer_table
+    from probe.pipeline.listing import layer_table
 
-    rows = {row[0]: row for row in layer_table(text_cfg())}
+    rows = {row[0]: row for row in layer_table(text_cfg())[1]}
     assert rows["name"][3] == "bytes/tok"
     assert rows["transformer.h.0"][2] == "(32,)" and rows["transformer.h.0"][3] == "128 B"
     assert rows["lm_head"][2] == f"({rows['lm_head'][2].strip('(,)')},)"

@@ -23,7 +23,7 @@ VIT = ["model=timm", "model.name=vit_tiny_patch16_224", "+model.img_size=32",
 
 
 def _images(n: int = 6, size: int = 32) -> torch.Tensor:
-    from probe.data import SyntheticImages
+    from probe.data.images import SyntheticImages
 
     data = SyntheticImages(num_samples=n, image_size=size)
     return torch.stack([data[i][0] for i in range(n)])

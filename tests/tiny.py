@@ -9,7 +9,7 @@ import time
 
 from torch import nn
 
-from probe.data import SyntheticImages
+from probe.data.images import SyntheticImages
 from probe.errors import DataError
 
 

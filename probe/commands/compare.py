@@ -1,5 +1,6 @@
-"""``python -m probe.compare file=PATH [other=PATH]``: the similarity of every pair of stored keys
-(probe.compare); prints the matrix, writes similarity.csv, similarity.png and, asked, rdms.h5."""
+"""``python -m probe.compare file=PATH [other=PATH]``: the similarity of every pair of stored
+keys (probe.analyses.compare); prints the matrix, writes similarity.csv, similarity.png and,
+asked, rdms.h5."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ log = logging.getLogger(__name__)
 
 @exit_on_user_error
 def _compare(cfg: DictConfig) -> None:
-    from probe.compare import compare, default_out_dir, format_table, write_similarity
+    from probe.analyses.compare import compare, default_out_dir, format_table, write_similarity
 
     if cfg.file is None:
         raise ConfigError("file is not set; pass file=PATH, the .h5 file a probe run wrote")
@@ -36,7 +37,7 @@ def _compare(cfg: DictConfig) -> None:
     if "rdms" in result.notes:
         written.append(Path(result.notes["rdms"]))
     if cfg.plot and have_matplotlib():
-        from probe.plots import plot_similarity
+        from probe.analyses.plots import plot_similarity
 
         title = result.file.name + ("" if result.other is None else f" vs {result.other.name}")
         written.append(plot_similarity(result.matrix(), result.keys_a, result.keys_b,
@@ -62,6 +63,6 @@ def listed(keys) -> list[str] | None:
 
 def main() -> None:
     """``python -m probe.compare file=PATH``: compare the keys, write the table and heatmap."""
-    import probe.compare_config  # noqa: F401  (registers compare_schema)
+    from probe.analyses.compare.config import CompareConfig
 
-    hydra_command("compare", "python -m probe.compare")(_compare)()
+    hydra_command("compare", "python -m probe.compare", schema=CompareConfig)(_compare)()

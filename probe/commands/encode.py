@@ -1,5 +1,6 @@
 """``python -m probe.encode file=PATH targets=T.npy``: a cross-validated ridge encoding model per
-stored key (probe.encode); prints the scores, writes encoding.csv, scores.h5 and encoding.png."""
+stored key (probe.analyses.encode); prints the scores, writes encoding.csv, scores.h5 and
+encoding.png."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 
 @exit_on_user_error
 def _encode(cfg: DictConfig) -> None:
-    from probe.encode import default_out_dir, encode, format_table, write_results
+    from probe.analyses.encode import default_out_dir, encode, format_table, write_results
 
     if cfg.file is None:
         raise ConfigError("file is not set; pass file=PATH, the .h5 file a probe run wrote")
@@ -36,7 +37,7 @@ def _encode(cfg: DictConfig) -> None:
     written = write_results(results, out_dir, file=cfg.file, targets=cfg.targets,
                             folds=cfg.folds, alphas=alphas, seed=cfg.seed)
     if cfg.plot and have_matplotlib():
-        from probe.plots import plot_encoding
+        from probe.analyses.plots import plot_encoding
 
         written.append(plot_encoding(results, out_dir / "encoding.png",
                                      title=f"{Path(cfg.file).name}: {cfg.targets}"))
@@ -50,6 +51,6 @@ def _encode(cfg: DictConfig) -> None:
 
 def main() -> None:
     """``python -m probe.encode file=PATH targets=T``: fit the encoding models, write them."""
-    import probe.encode_config  # noqa: F401  (registers encode_schema)
+    from probe.analyses.encode.config import EncodeConfig
 
-    hydra_command("encode", "python -m probe.encode")(_encode)()
+    hydra_command("encode", "python -m probe.encode", schema=EncodeConfig)(_encode)()

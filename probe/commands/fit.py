@@ -1,5 +1,5 @@
-"""``python -m probe.fit file=PATH``: fit the linear probes (probe.fit), print the table, write
-probes.csv, probes.json and accuracy.png."""
+"""``python -m probe.fit file=PATH``: fit the linear probes (probe.analyses.fit), print the
+table, write probes.csv, probes.json and accuracy.png."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 @exit_on_user_error
 def _fit(cfg: DictConfig) -> None:
-    from probe.fit import default_out_dir, fit_probes, format_table, write_table
+    from probe.analyses.fit import default_out_dir, fit_probes, format_table, write_table
 
     if cfg.file is None:
         raise ConfigError("file is not set; pass file=PATH, the .h5 file a probe run wrote")
@@ -31,7 +31,7 @@ def _fit(cfg: DictConfig) -> None:
                          weight_decay=cfg.weight_decay, device=cfg.device)
     written = write_table(results, out_dir)
     if cfg.plot:
-        from probe.plots import plot_accuracy
+        from probe.analyses.plots import plot_accuracy
 
         written.append(plot_accuracy(results, out_dir / "accuracy.png", title=Path(cfg.file).name))
     print(format_table(results))
@@ -49,6 +49,6 @@ def _check_writable(out_dir: Path) -> None:
 
 def main() -> None:
     """``python -m probe.fit file=PATH``: fit the probes, write the table and the plot."""
-    import probe.fit_config  # noqa: F401  (registers fit_schema)
+    from probe.analyses.fit.config import FitConfig
 
-    hydra_command("fit", "python -m probe.fit")(_fit)()
+    hydra_command("fit", "python -m probe.fit", schema=FitConfig)(_fit)()

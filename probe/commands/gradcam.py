@@ -1,5 +1,5 @@
-"""``python -m probe.gradcam file=PATH layer=NAME``: Grad-CAM maps of a conv layer (probe.gradcam)
-into a new file, and a PNG montage of the first few."""
+"""``python -m probe.gradcam file=PATH layer=NAME``: Grad-CAM maps of a conv layer
+(probe.analyses.gradcam) into a new file, and a PNG montage of the first few."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 @exit_on_user_error
 def _gradcam(cfg: DictConfig) -> None:
-    from probe.gradcam import save_montage, write_gradcam
+    from probe.analyses.gradcam import save_montage, write_gradcam
 
     if cfg.file is None:
         raise ConfigError("file is not set; pass file=PATH, the .h5 file a probe run wrote with "
@@ -31,6 +31,6 @@ def _gradcam(cfg: DictConfig) -> None:
 
 def main() -> None:
     """``python -m probe.gradcam file=PATH layer=NAME``: store the maps, draw a montage."""
-    import probe.gradcam_config  # noqa: F401  (registers gradcam_schema)
+    from probe.analyses.gradcam.config import GradcamConfig
 
-    hydra_command("gradcam", "python -m probe.gradcam")(_gradcam)()
+    hydra_command("gradcam", "python -m probe.gradcam", schema=GradcamConfig)(_gradcam)()

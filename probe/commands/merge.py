@@ -8,10 +8,10 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-import yaml
 from hydra.experimental.callback import Callback
 
-from probe.commands import exit_on_user_error, run_folder_name
+from probe.commands import exit_on_user_error
+from probe.config.folders import shard_groups
 from probe.errors import ProbeError
 
 __all__ = ["main", "MergeShards"]
@@ -29,7 +29,7 @@ class MergeShards(Callback):
 
     def on_multirun_end(self, config, **kwargs) -> None:
         from probe.commands.ranks import from_environment
-        from probe.merge import merge
+        from probe.file.merge import merge
 
         ranks = from_environment()
         if ranks is not None and not ranks.leader:
@@ -37,11 +37,7 @@ class MergeShards(Callback):
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         exclude = [str(k) for k in config.hydra.job.config.override_dirname.exclude_keys]
-        groups: dict[str, list[Path]] = {}
-        for shard in sorted(sweep_dir.glob("*/features.h5")):
-            name = _name_without_shard_index(shard.parent, exclude)
-            if name is not None:
-                groups.setdefault(name, []).append(shard)
+        groups = shard_groups(sweep_dir, exclude)
         for name, shards in groups.items():
             out = sweep_dir / f"{name}.h5"
             if out.exists():
@@ -52,27 +48,9 @@ class MergeShards(Callback):
                 log.info("not merging the shards of %s: %s", name, err)
 
 
-def _name_without_shard_index(job_dir: Path, exclude: list[str]) -> str | None:
-    # the job's run folder name as Hydra makes it (its override_dirname: the overrides but the
-    # excluded keys, sorted, joined by commas), without shard.index; None for a job that is
-    # not one shard of several
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    overrides_file = job_dir / ".hydra" / "overrides.yaml"
-    if not overrides_file.is_file():
-        return None
-    parsed = OverridesParser.create().parse_overrides(
-        [str(o) for o in yaml.safe_load(overrides_file.read_text()) or []])
-    if not {"shard.index", "shard.count"} <= {o.key_or_group for o in parsed}:
-        return None
-    kept = sorted(o.input_line for o in parsed
-                  if o.key_or_group not in (*exclude, "shard.index"))
-    return run_folder_name(",".join(kept))
-
-
 def main(argv: Sequence[str] | None = None) -> None:
-    from probe.merge import __doc__ as doc
-    from probe.merge import merge
+    from probe.file.merge import __doc__ as doc
+    from probe.file.merge import merge
 
     parser = argparse.ArgumentParser(prog="python -m probe.merge", description=doc.split(
         "\n\n")[0])

@@ -2,7 +2,7 @@
 
 torchrun (or ``python -m torch.distributed.run``) starts K copies of ``python -m probe`` and
 tells each which it is (RANK, WORLD_SIZE, LOCAL_RANK). Rank r of K takes the strided shard of
-the job's ``shard.index=c shard.count=C`` that probe.shards nests for it (samples
+the job's ``shard.index=c shard.count=C`` that probe.pipeline.shards nests for it (samples
 ``i % (C * K) == c + C * r``), runs on its own device (``cuda:LOCAL_RANK`` for ``device=auto``
 or ``cuda`` where CUDA is), and writes ``<stem>.rank-<r>-of-<K>.h5`` beside the output path,
 with the usual resume. When every rank is done, rank 0 merges their files (virtual datasets)
@@ -112,20 +112,20 @@ def run(cfg: DictConfig, ranks: Ranks) -> Path:
 def _run(cfg: DictConfig, ranks: Ranks) -> Path:
     import torch.distributed as dist
 
-    from probe.data import check_selection
-    from probe.merge import merge
-    from probe.output import WriterLock, file_locking, output_path
-    from probe.planner import plan
-    from probe.runner import execute
-    from probe.runner import run as run_one
-    from probe.shards import nested_shard, rank_path
+    from probe.data.selection import check_selection
+    from probe.file.merge import merge
+    from probe.file.output import WriterLock, file_locking, output_path
+    from probe.pipeline.execute import execute
+    from probe.pipeline.execute import run as run_one
+    from probe.pipeline.plan import plan
+    from probe.pipeline.shards import nested_shard, rank_path
 
     index, count = int(cfg.shard.index), int(cfg.shard.count)
 
     def start() -> tuple[str, Path | None]:
         check_selection(cfg.limit, index, count)
         return (rank_device(str(cfg.device), ranks.local_rank),
-                output_path(cfg) if ranks.leader else None)
+                output_path(cfg.output.path) if ranks.leader else None)
 
     device, path = _together(ranks, start)
     # rank 0's path for all: the ranks' run folders differ where it holds a time, say
@@ -224,7 +224,7 @@ def _with(cfg: DictConfig, *, path: Path, device: str,
 
 
 def _warn_about_other_launches(path: Path, count: int) -> None:
-    from probe.shards import rank_files
+    from probe.pipeline.shards import rank_files
 
     others = [p.name for p in rank_files(path) if not p.stem.endswith(f"-of-{count}")]
     if others:

@@ -2,9 +2,10 @@
 family that ``model=transformers`` specialises to for a model whose main input is sound
 (``input_values``, ``input_features``).
 
-It reads ``dataset=audio`` (probe.audio), whose batches the checkpoint's own feature extractor
-makes; it tells that feed how many real frames a clip gives (the model's own
-``_get_feat_extract_output_lengths``: wav2vec2's strided convolutions, Whisper's two), so that
+It reads ``dataset=audio`` (probe.data.audio), whose batches the checkpoint's own feature
+extractor makes; its length function tells that feed how many real frames a clip gives (the
+model's own ``_get_feat_extract_output_lengths``: wav2vec2's strided convolutions, Whisper's
+two), so that
 outputs of shape (clips, frames, ...) give one row per real frame, padding never stored. An
 encoder-decoder (Whisper) runs its encoder, and its decoder on one start token only (not at
 all when every hooked layer is in the encoder). Objectives: ``top1`` and ``target`` of an
@@ -14,33 +15,31 @@ audio classification head; ``nll`` of a CTC head, the CTC loss of each clip's tr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
 
+from probe.config.schema import Reduce
+from probe.data.feed import Batch, DataKind, Feed
 from probe.errors import ConfigError
-from probe.families import Family, TokenLayout, register
-from probe.families.transformers import TransformersFamily, require_head, target
+from probe.families.base import Family
+from probe.families.hub import require_head, required_logits, target
+from probe.file.format import TRANSCRIPT
 
-__all__ = ["AudioFamily", "FAMILY", "ctc_nll"]
+__all__ = ["AudioFamily", "AUDIO", "ctc_nll"]
 
 # heads of class logits (wav2vec2's audio classifier is named ...ForSequenceClassification)
 _CLASSIFIERS = ("audio_classification", "sequence_classification")
 
 
-class AudioFamily(TransformersFamily):
-    """Audio encoders: fed by their feature extractor, outputs (clips, frames, ...) are
-    layouts of frames whose real positions the model's length function gives."""
+class AudioFamily(Family):
+    """Audio encoders: fed by their feature extractor, outputs (clips, frames, ...) follow the
+    feed's layout of frames, whose real ones the model's length function gives."""
 
     name = "transformers-audio"
-    logit_heads = "audio_classification or ctc"
-
-    def recognizes(self, model: nn.Module) -> bool:
-        return False  # reached through TransformersFamily.specialise only
-
-    def specialise(self, model: nn.Module) -> Family:
-        return self
+    libraries = ("transformers",)
+    reads = (DataKind.audio,)
 
     def place(self, model: nn.Module, device: torch.device, asked: str
               ) -> tuple[nn.Module, torch.device]:
@@ -49,8 +48,8 @@ class AudioFamily(TransformersFamily):
                               "leave it unset for an audio model")
         return model.to(device), device
 
-    def check_data(self, model: nn.Module, feed) -> None:
-        if feed.kind != "audio":
+    def check(self, model: nn.Module, feed: Feed, reduces: Mapping[str, Reduce]) -> None:
+        if feed.kind not in self.reads:
             raise ConfigError(
                 f"{type(model).__name__} is an audio model: it reads sound, not these inputs; "
                 "add dataset=audio dataset.root=<a folder of class subfolders of sound files> "
@@ -61,15 +60,11 @@ class AudioFamily(TransformersFamily):
                 "_get_feat_extract_output_lengths), so its real frames are not known; use an "
                 "encoder of frames (wav2vec2, HuBERT, WavLM, Whisper; AST's patches are not "
                 "supported yet)")
-        feed.bind(_Lengths(model))
 
-    def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:
-        if batch.keep is None:
-            return None
-        return TokenLayout(batch.keep.shape[1], keep=batch.keep, axis="frame",
-                           row_sample=batch.row_sample)
+    def output_lengths(self, model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        return _Lengths(model)
 
-    def forward(self, model: nn.Module, batch, *, input_grad: bool = False):
+    def forward(self, model: nn.Module, batch: Batch, *, input_grad: bool = False):
         # the extractor gives float32; a model in bfloat16 or float16 reads its own type
         inputs = {key: value.to(model.dtype) if value.is_floating_point() else value
                   for key, value in batch.inputs.items()}
@@ -85,6 +80,9 @@ class AudioFamily(TransformersFamily):
                                                      dtype=torch.long, device=first.device)
         return model(**inputs)
 
+    def logits(self, output) -> torch.Tensor | None:
+        return getattr(output, "logits", None)
+
     def objective(self, name: str, model: nn.Module) -> Callable:
         named = {"top1": (_top1, _CLASSIFIERS),
                  "target": (target, _CLASSIFIERS),
@@ -98,13 +96,13 @@ class AudioFamily(TransformersFamily):
         require_head(model, name, heads)
         if name == "nll":
             function = _ctc_nll(model)
-        return lambda output, batch: function(self._required_logits(output), _whole(batch))
-
-    def example_batch(self, model: nn.Module):
-        return None  # its frames need a feature extractor: layers are listed with data
+        return lambda output, batch: function(
+            required_logits(output, "audio_classification or ctc"), batch)
 
 
-FAMILY = register(AudioFamily())
+# served through probe.families.transformers, which builds it (not registered: its family is
+# the library's)
+AUDIO = AudioFamily()
 
 
 class _Lengths:
@@ -116,13 +114,6 @@ class _Lengths:
 
     def __call__(self, real: torch.Tensor) -> torch.Tensor:
         return self.model_class._get_feat_extract_output_lengths(self, real)
-
-
-def _whole(batch):
-    if batch.row_sample is not None:
-        raise ConfigError("gradients of a clip fed as several windows are not joined into one; "
-                          "leave dataset.window_seconds unset for gradient hooks")
-    return batch
 
 
 def _top1(logits: torch.Tensor, batch) -> torch.Tensor:
@@ -147,8 +138,6 @@ def ctc_nll(logits: torch.Tensor, batch, tokenizer, blank: int) -> torch.Tensor:
     """Each clip's CTC loss of its transcript (``/transcript``, tokenized by ``tokenizer``),
     over its real frames, with ``blank`` the blank token (the model's pad token, as
     transformers' CTC heads have it); summed over the transcript's tokens."""
-    from probe.audio.feed import TRANSCRIPT
-
     texts = batch.sample_rows.get(TRANSCRIPT)
     if texts is None:
         raise ConfigError("objective=nll of a CTC head scores each clip's transcript; set "
@@ -156,6 +145,6 @@ def ctc_nll(logits: torch.Tensor, batch, tokenizer, blank: int) -> torch.Tensor:
     ids = [torch.tensor(row, dtype=torch.long) for row in tokenizer(list(texts)).input_ids]
     labels = nn.utils.rnn.pad_sequence(ids, batch_first=True).to(logits.device)
     log_probs = nn.functional.log_softmax(logits.float(), dim=-1).transpose(0, 1)
-    return nn.functional.ctc_loss(log_probs, labels, batch.keep.sum(1),
+    return nn.functional.ctc_loss(log_probs, labels, batch.layout.lengths.to(logits.device),
                                   torch.tensor([len(i) for i in ids], device=logits.device),
                                   blank=blank, reduction="none", zero_infinity=True)

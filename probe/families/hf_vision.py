@@ -6,9 +6,9 @@ builds them; a checkpoint's main input (``pixel_values``) or its two towers send
 
 - ``dataset.transform=auto``: the checkpoint's own image processor (``AutoImageProcessor``
   from the same folder or Hub id), recorded in the file's ``transform`` attr.
-- Token layouts: the encoder's (B, prefix + rows * columns, D) outputs, whose first ``prefix``
-  positions are the class token and the register tokens (DINOv2's sit between them and the
-  patches), so that ``tokens=patches`` keeps the patches alone on their grid.
+- Row layouts (a ``PatchGrid``): the encoder's (B, prefix + rows * columns, D) outputs, whose
+  first ``prefix`` positions are the class token and the register tokens (DINOv2's sit
+  between them and the patches), so that ``tokens=patches`` keeps the patches alone on their grid.
 - Two towers (``TwoTowerFamily``): an image dataset runs the vision tower
   (``get_image_features``), a text dataset the text tower (``get_text_features``), image-text
   pairs (dataset=pairs) the whole model, whose ``objective=similarity`` is each pair's matched
@@ -20,18 +20,22 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from probe.config.schema import Reduce
+from probe.data.feed import Batch, DataKind, Feed
+from probe.data.layouts import PatchGrid, RowLayout
 from probe.errors import ConfigError, DataError
-from probe.families import Family, TokenLayout, register
 from probe.families import towers as two_towers
-from probe.families.transformers import TransformersFamily, source_of
-from probe.format import Reduce
+from probe.families.base import Family, graph_from
+from probe.families.hub import place, source_of
 
-__all__ = ["VisionFamily", "TwoTowerFamily", "ImageProcessorTransform", "FAMILY", "TWO_TOWERS"]
+__all__ = ["VisionFamily", "TwoTowerFamily", "ImageProcessorTransform", "VISION", "TWO_TOWERS",
+           "is_two_tower", "vision_layout"]
 
 
 class ImageProcessorTransform:
@@ -62,115 +66,117 @@ class ImageProcessorTransform:
                 f"{json.dumps(settings, sort_keys=True, default=str)}")
 
 
-class VisionFamily(TransformersFamily):
-    """Hugging Face models that read pixels: fed ``pixel_values``; their encoder outputs are
-    token layouts of a class token, register tokens and a grid of patches."""
+class VisionFamily(Family):
+    """Hugging Face models that read pixels: fed ``pixel_values``; their encoder outputs lie on
+    a layout of a class token, register tokens and a grid of patches."""
 
     name = "transformers-vision"
-
-    def specialise(self, model: nn.Module) -> Family:
-        return TWO_TOWERS if two_towers.is_two_tower(type(model)) else self
+    libraries = ("transformers",)
+    reads = (DataKind.tensors,)
+    place = staticmethod(place)  # a device map may spread the model (probe.families.hub)
 
     def transform(self, model_cfg: DictConfig) -> Callable | None:
         return ImageProcessorTransform(str(model_cfg.name))
 
-    def check_data(self, model: nn.Module, feed) -> None:
-        if feed.kind != "tensors":
+    def check(self, model: nn.Module, feed: Feed, reduces: Mapping[str, Reduce]) -> None:
+        if feed.kind not in self.reads:
             raise ConfigError(
-                f"{type(model).__name__} is a vision model: it reads images, not {feed.kind}; "
-                "use an image dataset (dataset=imagefolder dataset.root=<folder of class "
-                "subfolders>)")
+                f"{type(model).__name__} is a vision model: it reads images, not "
+                f"{feed.kind.value}; use an image dataset (dataset=imagefolder dataset.root="
+                "<folder of class subfolders>)")
 
-    def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:
-        pixels = _pixels(batch.inputs)
-        if pixels is None:
-            return None
-        return vision_layout(_vision_config(model), _vision_module(model), pixels.shape[-2:])
+    def layout(self, model: nn.Module, batch: Batch) -> RowLayout:
+        return _image_layout(model, batch)
 
-    def forward(self, model: nn.Module, batch, *, input_grad: bool = False):
+    def forward(self, model: nn.Module, batch: Batch, *, input_grad: bool = False):
         pixels = batch.inputs.requires_grad_() if input_grad else batch.inputs
         return model(pixel_values=pixels)
 
     def logits(self, output) -> torch.Tensor | None:
         return getattr(output, "logits", None)
 
-    def objective(self, name: str, model: nn.Module) -> Callable:
-        # class logits, as any classifier's (a base model without a head has none)
-        return Family.objective(self, name, model)
-
-    def example_batch(self, model: nn.Module):
-        from probe.feeds import Batch
-
-        config = _vision_config(model)
-        size = _pair(getattr(config, "image_size", 224))
-        channels = int(getattr(config, "num_channels", 3))
-        return Batch(torch.zeros(1, dtype=torch.int64), torch.full((1,), -1),
-                     torch.zeros(1, channels, *size))
+    def example_batch(self, model: nn.Module) -> Batch:
+        return _image_batch(model)
 
 
-class TwoTowerFamily(VisionFamily):
+class TwoTowerFamily(Family):
     """Image-text models (CLIP, SigLIP): the tower that the data feeds runs (see the module's
     docstring)."""
 
     name = "transformers-two-tower"
-    towers = {"vision": ("vision_model", "visual_projection"),
-              "text": ("text_model", "text_projection")}
+    libraries = ("transformers",)
+    towers = MappingProxyType({"vision": ("vision_model", "visual_projection"),
+                               "text": ("text_model", "text_projection")})
+    place = staticmethod(place)  # a device map may spread the model (probe.families.hub)
 
-    def check_data(self, model: nn.Module, feed) -> None:
-        pass  # images, text and pairs: each feeds a tower, or both
+    def transform(self, model_cfg: DictConfig) -> Callable | None:
+        return ImageProcessorTransform(str(model_cfg.name))
 
-    def check_layers(self, model: nn.Module, feed, reduces: Mapping[str, Reduce]) -> None:
-        two_towers.check_layers(model, feed, reduces, self.towers)
+    def check(self, model: nn.Module, feed: Feed, reduces: Mapping[str, Reduce]) -> None:
+        # images, text and pairs: each feeds a tower, or both
+        two_towers.check_layers(feed, reduces, self.towers)
 
-    def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:
+    def layout(self, model: nn.Module, batch: Batch) -> RowLayout:
         if isinstance(batch.inputs, dict) and "pixel_values" not in batch.inputs:
-            return TransformersFamily.token_layout(self, model, batch)  # text: real tokens
-        layout = super().token_layout(model, batch)  # images; pairs: the image's tokens
+            return batch.layout  # text: the feed's real tokens
+        layout = _image_layout(model, batch)  # images; pairs: the image's tokens
         two_towers.check_pair_lengths(batch.inputs, layout)
         return layout
 
-    def forward(self, model: nn.Module, batch, *, input_grad: bool = False):
+    def forward(self, model: nn.Module, batch: Batch, *, input_grad: bool = False):
         inputs = batch.inputs
         if isinstance(inputs, torch.Tensor):
             return model.get_image_features(pixel_values=inputs.requires_grad_() if input_grad
                                             else inputs)
-        embeddings = model.text_model.embeddings.token_embedding
-        handle = (embeddings.register_forward_hook(_start_graph) if input_grad else None)
-        try:
+        with graph_from(model.text_model.embeddings.token_embedding, input_grad):
             if "pixel_values" in inputs:
                 pixels = inputs["pixel_values"]
                 return model(**{**inputs, "pixel_values": pixels.requires_grad_() if input_grad
                                 else pixels})
             return model.get_text_features(**inputs)
-        finally:
-            if handle is not None:
-                handle.remove()
 
     def logits(self, output) -> torch.Tensor | None:
         return getattr(output, "logits_per_image", None)
 
     def objective(self, name: str, model: nn.Module) -> Callable:
-        return two_towers.objective(name, lambda output: self.logits(output))
+        return two_towers.objective(name, self.logits)
 
-    def example_batch(self, model: nn.Module):
+    def example_batch(self, model: nn.Module) -> Batch:
         # an image and a caption at the text tower's length: the whole model runs
-        image = super().example_batch(model).inputs
+        image = _image_batch(model).inputs
         text = model.config.text_config
         return two_towers.example_pair(image, int(text.max_position_embeddings),
                                        int(text.vocab_size))
 
 
-FAMILY = register(VisionFamily())
-TWO_TOWERS = register(TwoTowerFamily())
+# served through probe.families.transformers, which builds them (not registered: its family
+# is the library's)
+VISION = VisionFamily()
+TWO_TOWERS = TwoTowerFamily()
+is_two_tower = two_towers.is_two_tower
 
 
-def vision_layout(config, vision: nn.Module, size) -> TokenLayout:
-    """The token layout of a Hugging Face vision encoder at image ``size`` (H, W): its class
+def _image_layout(model: nn.Module, batch: Batch) -> RowLayout:
+    pixels = _pixels(batch.inputs)
+    if pixels is None:
+        return batch.layout
+    return vision_layout(_vision_config(model), _vision_module(model), pixels.shape[-2:])
+
+
+def _image_batch(model: nn.Module) -> Batch:
+    # one image at the size the model was made for
+    config = _vision_config(model)
+    size = _pair(getattr(config, "image_size", 224))
+    channels = int(getattr(config, "num_channels", 3))
+    return Batch(torch.zeros(1, dtype=torch.int64), torch.full((1,), -1),
+                 torch.zeros(1, channels, *size))
+
+
+def vision_layout(config, vision: nn.Module, size) -> PatchGrid:
+    """The row layout of a Hugging Face vision encoder at image ``size`` (H, W): its class
     token, register tokens and distillation token first, then its patches, row by row."""
     patch = _pair(getattr(config, "patch_size", 16))
-    grid = (int(size[0]) // patch[0], int(size[1]) // patch[1])
-    prefix = _prefix(vision)
-    return TokenLayout(prefix + grid[0] * grid[1], prefix=prefix, grid=grid)
+    return PatchGrid(_prefix(vision), (int(size[0]) // patch[0], int(size[1]) // patch[1]))
 
 
 @functools.lru_cache(maxsize=16)
@@ -209,7 +215,3 @@ def _pair(value) -> tuple[int, int]:
     if isinstance(value, int):
         return value, value
     return int(value[0]), int(value[-1])
-
-
-def _start_graph(module: nn.Module, args, output: torch.Tensor) -> torch.Tensor:
-    return output.detach().requires_grad_()

@@ -16,16 +16,20 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from probe.checkpoints import load_checkpoint, looks_like_path
+from probe.config.schema import Reduce
+from probe.data.feed import Batch, DataKind, Feed
+from probe.data.layouts import PatchGrid, RowLayout
 from probe.errors import ConfigError, DataError
-from probe.families import Family, TokenLayout, register
 from probe.families import towers as two_towers
-from probe.format import Reduce
+from probe.families.base import Family, graph_from
+from probe.families.checkpoints import load_checkpoint, looks_like_path
+from probe.families.registry import register
 
 __all__ = ["open_clip_model", "OpenClipTokenizer", "FAMILY"]
 
@@ -92,8 +96,9 @@ class OpenClipFamily(Family):
 
     name = "open_clip"
     libraries = ("open_clip",)
-    towers = {"vision": ("visual",),
-              "text": ("transformer", "token_embedding", "ln_final", "text")}
+    reads = (DataKind.tensors, DataKind.pairs)
+    towers = MappingProxyType({"vision": ("visual",),
+                               "text": ("transformer", "token_embedding", "ln_final", "text")})
 
     def recognizes(self, model: nn.Module) -> bool:
         return type(model).__module__.startswith("open_clip.")
@@ -111,26 +116,23 @@ class OpenClipFamily(Family):
     def tokenizer(self, model_cfg: DictConfig) -> Callable | None:
         return OpenClipTokenizer(str(model_cfg.name))
 
-    def check_data(self, model: nn.Module, feed) -> None:
-        if feed.kind not in ("tensors", "pairs"):
+    def check(self, model: nn.Module, feed: Feed, reduces: Mapping[str, Reduce]) -> None:
+        if feed.kind not in self.reads:
             raise ConfigError(
-                f"model=open_clip reads images and image-text pairs, not {feed.kind}: it runs "
-                "its text tower on captions of its own tokenizer at its context length; use "
-                "dataset=pairs (images with captions); dataset=text is for Hugging Face "
+                f"model=open_clip reads images and image-text pairs, not {feed.kind.value}: it "
+                "runs its text tower on captions of its own tokenizer at its context length; "
+                "use dataset=pairs (images with captions); dataset=text is for Hugging Face "
                 "tokenizers")
+        two_towers.check_layers(feed, reduces, self.towers)
 
-    def check_layers(self, model: nn.Module, feed, reduces: Mapping[str, Reduce]) -> None:
-        two_towers.check_layers(model, feed, reduces, self.towers)
-
-    def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:
+    def layout(self, model: nn.Module, batch: Batch) -> RowLayout:
         inputs = batch.inputs
         pixels = inputs if isinstance(inputs, torch.Tensor) else inputs.get("pixel_values")
         visual = model.visual
         if pixels is None or not hasattr(visual, "grid_size"):
-            return None
+            return batch.layout
         grid = tuple(int(n) for n in visual.grid_size)
-        prefix = int(getattr(visual, "class_embedding", None) is not None)
-        layout = TokenLayout(prefix + grid[0] * grid[1], prefix=prefix, grid=grid)
+        layout = PatchGrid(int(getattr(visual, "class_embedding", None) is not None), grid)
         two_towers.check_pair_lengths(inputs, layout)
         return layout
 
@@ -139,13 +141,9 @@ class OpenClipFamily(Family):
         if isinstance(inputs, torch.Tensor):
             return model.encode_image(inputs.requires_grad_() if input_grad else inputs)
         pixels = inputs["pixel_values"]
-        handle = (model.token_embedding.register_forward_hook(_start_graph)
-                  if input_grad and hasattr(model, "token_embedding") else None)
-        try:
+        # a custom text tower (open_clip's CustomTextCLIP) has no token_embedding of its own
+        with graph_from(getattr(model, "token_embedding", None), input_grad):
             return model(pixels.requires_grad_() if input_grad else pixels, inputs["input_ids"])
-        finally:
-            if handle is not None:
-                handle.remove()
 
     def logits(self, output) -> torch.Tensor | None:
         # the (B, B) image-text logits of a pairs batch, as open_clip's own loss makes them
@@ -202,7 +200,3 @@ def _open_clip():
     except ImportError:
         raise ConfigError("model=open_clip needs open_clip: pip install 'probe[vision]'") from None
     return open_clip
-
-
-def _start_graph(module: nn.Module, args, output: torch.Tensor) -> torch.Tensor:
-    return output.detach().requires_grad_()

@@ -14,9 +14,12 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from probe.checkpoints import load_checkpoint, looks_like_path
+from probe.data.feed import Batch
+from probe.data.layouts import PatchGrid, RowLayout
 from probe.errors import ConfigError, DataError
-from probe.families import Family, TokenLayout, register
+from probe.families.base import Family
+from probe.families.checkpoints import load_checkpoint, looks_like_path
+from probe.families.registry import register
 
 __all__ = ["timm_model", "FAMILY"]
 
@@ -80,19 +83,18 @@ class TimmFamily(Family):
             {}, pretrained_cfg=pretrained.to_dict() if pretrained is not None else None)
         return timm.data.create_transform(**config)
 
-    def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:
+    def layout(self, model: nn.Module, batch: Batch) -> RowLayout:
         # timm's vision transformers (ViT, DeiT, DINOv2, EVA, BEiT, CLIP and SigLIP towers)
         # keep num_prefix_tokens class and register tokens before the patches
         vit = next((m for m in model.modules()
                     if hasattr(m, "num_prefix_tokens") and hasattr(m, "patch_embed")), None)
         if vit is None or not isinstance(batch.inputs, torch.Tensor):
-            return None
+            return batch.layout
         embed = vit.patch_embed
         size = tuple(batch.inputs.shape[-2:])
         grid = (tuple(embed.dynamic_feat_size(size)) if getattr(embed, "dynamic_img_size", False)
                 else tuple(embed.grid_size))
-        prefix = int(vit.num_prefix_tokens)
-        return TokenLayout(prefix + grid[0] * grid[1], prefix=prefix, grid=grid)
+        return PatchGrid(int(vit.num_prefix_tokens), (int(grid[0]), int(grid[1])))
 
 
 FAMILY = register(TimmFamily())

@@ -16,9 +16,12 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from probe.checkpoints import load_checkpoint, looks_like_path
+from probe.data.feed import Batch
+from probe.data.layouts import PatchGrid, RowLayout
 from probe.errors import ConfigError, DataError
-from probe.families import Family, TokenLayout, register
+from probe.families.base import Family
+from probe.families.checkpoints import load_checkpoint, looks_like_path
+from probe.families.registry import register
 
 __all__ = ["torchvision_model", "FAMILY"]
 
@@ -71,15 +74,15 @@ class TorchvisionFamily(Family):
 
         return _weights_enum(tvm, str(model_cfg.name), str(weights)).transforms()
 
-    def token_layout(self, model: nn.Module, batch) -> TokenLayout | None:
+    def layout(self, model: nn.Module, batch: Batch) -> RowLayout:
+        # a vision transformer's blocks: the class token, then the patches on their grid
         from torchvision.models.vision_transformer import VisionTransformer
 
         vit = next((m for m in model.modules() if isinstance(m, VisionTransformer)), None)
         if vit is None or not isinstance(batch.inputs, torch.Tensor):
-            return None
+            return batch.layout
         height, width = batch.inputs.shape[-2:]
-        grid = (height // vit.patch_size, width // vit.patch_size)
-        return TokenLayout(1 + grid[0] * grid[1], prefix=1, grid=grid)
+        return PatchGrid(1, (height // vit.patch_size, width // vit.patch_size))
 
 
 FAMILY = register(TorchvisionFamily())

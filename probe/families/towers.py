@@ -2,8 +2,8 @@
 SigLIP, open_clip's): which tower a layer belongs to, the refusal of a layer in a tower that
 the data does not feed, and ``objective=similarity``, each pair's matched image-text logit.
 
-The data says which tower runs: images feed the vision tower, text (a feed of token positions)
-the text tower, image-text pairs (a feed of kind ``pairs``, probe.feeds.pairs) both.
+The data says which tower runs: images feed the vision tower, text the text tower, image-text
+pairs (probe.data.pairs) both.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import torch
-from torch import nn
 
+from probe.config.schema import Reduce
+from probe.data.feed import Batch, DataKind, Feed
+from probe.data.layouts import RowLayout
 from probe.errors import ConfigError
-from probe.format import Reduce
 
 __all__ = ["is_two_tower", "fed_towers", "tower_of", "check_layers", "check_pair_lengths",
            "objective", "similarity", "example_pair"]
@@ -26,11 +27,13 @@ def is_two_tower(cls: type) -> bool:
             and callable(getattr(cls, "get_text_features", None)))
 
 
-def fed_towers(feed) -> tuple[str, ...]:
+_FED = {DataKind.pairs: ("vision", "text"), DataKind.text: ("text",),
+        DataKind.tensors: ("vision",)}
+
+
+def fed_towers(feed: Feed) -> tuple[str, ...]:
     """The towers that a dataset's feed runs."""
-    if feed.kind == "pairs":
-        return ("vision", "text")
-    return ("text",) if feed.positions else ("vision",)
+    return _FED.get(feed.kind, ("vision",))
 
 
 def tower_of(layer: str, towers: Mapping[str, tuple[str, ...]]) -> str | None:
@@ -40,7 +43,7 @@ def tower_of(layer: str, towers: Mapping[str, tuple[str, ...]]) -> str | None:
                  if any(layer == root or layer.startswith(f"{root}.") for root in roots)), None)
 
 
-def check_layers(model: nn.Module, feed, reduces: Mapping[str, Reduce],
+def check_layers(feed: Feed, reduces: Mapping[str, Reduce],
                  towers: Mapping[str, tuple[str, ...]]) -> None:
     """Refuse a layer of a tower that the data does not run (``towers``: each tower's
     top-level module names), and, in a pairs run, a reduce of a text-tower layer: its
@@ -66,15 +69,15 @@ def check_layers(model: nn.Module, feed, reduces: Mapping[str, Reduce],
                 "its tokens with dataset=text tokens=mean")
 
 
-def check_pair_lengths(inputs, layout) -> None:
+def check_pair_lengths(inputs, layout: RowLayout) -> None:
     """Refuse pairs whose padded captions are exactly as long as the image's tokens: a batch
-    has one token layout (the image's), and the text tower's (B, length, D) outputs would be
+    has one row layout (the image's), and the text tower's (B, length, D) outputs would be
     taken for one.
 
     Raises:
         ConfigError: saying so.
     """
-    if isinstance(inputs, dict) and "input_ids" in inputs and layout is not None \
+    if isinstance(inputs, dict) and "input_ids" in inputs \
             and inputs["input_ids"].shape[1] == layout.length:
         raise ConfigError(f"dataset=pairs: the captions' padded length equals the image's "
                           f"{layout.length} tokens, so text-tower outputs would be read as "
@@ -114,8 +117,6 @@ def objective(name: str, logits_of: Callable) -> Callable:
 def example_pair(pixels: torch.Tensor, length: int, vocab: int):
     """A batch of one image (``pixels``, (1, C, H, W)) and one caption of ``length`` token ids
     of the model's vocabulary: both towers run, for listing their layers without data."""
-    from probe.feeds import Batch
-
     ids = (torch.arange(length) % vocab).view(1, -1)
     return Batch(torch.zeros(1, dtype=torch.int64), torch.full((1,), -1),
                  {"pixel_values": pixels, "input_ids": ids, "attention_mask": torch.ones_like(ids)})

@@ -33,10 +33,9 @@ sys.path.insert(0, str(REPO))
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 import tqdm  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
 
 import probe  # noqa: E402
-from probe.config import CONFIG_DIR  # noqa: E402
+from probe.config.compose import compose  # noqa: E402
 
 tqdm.tqdm.monitor_interval = 0  # no monitor thread, which a forked child would not have
 # tqdm's default lock is a semaphore shared by forked processes: a child killed while it held
@@ -49,8 +48,7 @@ _SHIM.killwrite_count.restype = ctypes.c_long
 
 
 def _cfg(overrides: list[str], path: Path):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose("config", [*overrides, f"output.path={path}"])
+    return compose([*overrides, f"output.path={path}"])
 
 
 def _in_child(task) -> tuple[int, str]:

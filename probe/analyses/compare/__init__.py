@@ -1,0 +1,260 @@
+"""Representational similarity between the stored keys of one file, or of two: linear CKA,
+debiased CKA and RSA, computed out of core.
+
+    result = compare("a.h5", "b.h5", metric="cka")   # Similarity: result.rows(), .matrix()
+    python -m probe.compare file=a.h5 other=b.h5      # the same, plus similarity.csv and
+                                                      # similarity.png (probe.commands.compare)
+
+The rows of two files are matched by ``/index`` (only the samples both hold; runs of another
+``limit``, ``subset``, shard or order pair up as far as they overlap). Rows per token pair up
+when both files hold the same tokens of each shared document. CKA is computed from sums
+streamed over blocks of rows (probe.analyses.compare.cka); RSA from RDMs of at most
+``rdm_samples`` samples (probe.analyses.compare.rsa). Memory is bounded by ``memory_mb``,
+whatever the size of the file.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from probe.analyses.compare.cka import cka_matrix
+from probe.analyses.compare.config import CompareConfig as _Defaults
+from probe.analyses.compare.pairing import Pairing, pair_rows
+from probe.analyses.compare.rsa import rdm, spearman_matrix, subset, upper_ranks
+from probe.analyses.stats import AlignedRows, analysis_device, budget_bytes, select_keys
+from probe.errors import ConfigError, OutputError
+from probe.file.read import FeatureFile, open_checked
+
+__all__ = ["compare", "Similarity", "write_similarity", "format_table", "default_out_dir",
+           "METRICS", "COLUMNS"]
+
+log = logging.getLogger(__name__)
+
+METRICS = ("cka", "cka_debiased", "rsa")
+COLUMNS = ("key_a", "key_b", "metric", "value")
+
+
+@dataclass
+class Similarity:
+    """The similarity of every key of ``file`` (``keys_a``) with every key of ``other``
+    (``keys_b``; the same file's keys when ``other`` is None): ``values[(key_a, key_b)]``."""
+
+    metric: str
+    file: Path
+    other: Path | None
+    keys_a: list[str]
+    keys_b: list[str]
+    values: dict[tuple[str, str], float]
+    samples: int  # the samples (documents) compared
+    rows: int  # the rows compared: samples, tokens, or the rdm_samples subset
+    notes: dict = field(default_factory=dict)  # how it was computed
+
+    def table(self) -> list[dict]:
+        """One dict per pair, with the keys of ``COLUMNS``, ``keys_a`` by ``keys_b``."""
+        return [{"key_a": a, "key_b": b, "metric": self.metric, "value": self.values[(a, b)]}
+                for a in self.keys_a for b in self.keys_b]
+
+    def matrix(self) -> np.ndarray:
+        """(len(keys_a), len(keys_b)) values."""
+        return np.array([[self.values[(a, b)] for b in self.keys_b] for a in self.keys_a])
+
+
+def compare(path: str | Path, other: str | Path | None = _Defaults.other,
+            keys: list[str] | None = _Defaults.keys,
+            other_keys: list[str] | None = _Defaults.other_keys,
+            metric: str = _Defaults.metric, *, rdm_samples: int | None = _Defaults.rdm_samples,
+            rdms: str | Path | None = None, seed: int = _Defaults.seed,
+            device: str = _Defaults.device, memory_mb: float = _Defaults.memory_mb,
+            accumulate: str = _Defaults.accumulate) -> Similarity:
+    """Compare every stored key of ``path`` with every other one, or with every key of
+    ``other``.
+
+    The defaults are those of ``python -m probe.compare`` (probe.analyses.compare.config).
+
+    Args:
+        path: a finished probe file.
+        other: a second one, its rows matched to ``path``'s by ``/index``; None to compare the
+            keys of ``path`` among themselves.
+        keys: "<layer>/<kind>"s or "<layer>"s of ``path``; None for every stored dataset.
+        other_keys: the same for ``other``; None for the names of ``keys`` (or every dataset).
+        metric: ``cka``, ``cka_debiased`` or ``rsa``.
+        rdm_samples: rsa: the most samples an RDM is made of (a subset drawn with ``seed``).
+        rdms: rsa: an HDF5 file to write the RDMs to, or None.
+        seed: draws the ``rdm_samples`` subset.
+        device: where the sums are made (``cpu``, ``cuda``, ``auto``, ...).
+        memory_mb: MiB for the rows and sums held at once.
+        accumulate: cka: ``auto``, ``features`` or ``gram`` (see probe.analyses.compare.cka).
+
+    Returns:
+        The ``Similarity`` of every pair.
+
+    Raises:
+        ProbeError: a file is missing or unfinished, lacks a key, or the files share no
+            sample; or a bad option (named, with what to use instead).
+    """
+    if metric not in METRICS:
+        raise ConfigError(f"metric={metric!r}: use cka, cka_debiased or rsa")
+    if rdm_samples is not None and int(rdm_samples) < 3:
+        raise ConfigError(f"rdm_samples={rdm_samples} must be at least 3, or null for all")
+    budget = budget_bytes(memory_mb)
+    torch_device = analysis_device(device)
+    with open_checked(path) as fa:
+        keys_a = select_keys(fa, keys)
+        second = None if other is None else open_checked(other)
+        try:
+            keys_b = keys_a if second is None else select_keys(
+                second, other_keys if other_keys is not None else (
+                    keys if keys is None else keys_a), name="other_keys")
+            pairing = pair_rows(fa, keys_a, second, keys_b)
+            reader = _reader(fa, keys_a, second, keys_b, pairing, torch_device)
+            left = [f"a:{k}" for k in keys_a]
+            right = left if second is None else [f"b:{k}" for k in keys_b]
+            notes: dict = {"device": str(torch_device), "memory_mb": float(memory_mb)}
+            if metric == "rsa":
+                values, rows = _rsa(reader, left, right, pairing, rdm_samples, seed, budget,
+                                    rdms, fa, second, notes)
+            else:
+                values = cka_matrix(reader, left, right, debiased=metric == "cka_debiased",
+                                    budget=budget, accumulate=accumulate)
+                rows = reader.num_rows
+        finally:
+            if second is not None:
+                second.close()
+    result = Similarity(metric, Path(path), None if other is None else Path(other), keys_a,
+                        keys_b, {(a[2:], b[2:]): v for (a, b), v in values.items()},
+                        pairing.samples, rows, notes)
+    log.info("%s of %d x %d keys over %d %s", metric, len(keys_a), len(keys_b), rows,
+             "token rows" if pairing.per_token else "samples")
+    return result
+
+
+def _reader(fa: FeatureFile, keys_a: list[str], fb: FeatureFile | None, keys_b: list[str],
+            pairing: Pairing, device) -> AlignedRows:
+    sources = {f"a:{k}": (fa, k) for k in keys_a}
+    rows = dict.fromkeys(sources, pairing.rows_a)
+    if fb is not None:
+        sources.update({f"b:{k}": (fb, k) for k in keys_b})
+        rows.update(dict.fromkeys((f"b:{k}" for k in keys_b), pairing.rows_b))
+    return AlignedRows(sources, rows, device)
+
+
+def _rsa(reader: AlignedRows, left: list[str], right: list[str], pairing: Pairing,
+         rdm_samples: int | None, seed: int, budget: int, rdms: str | Path | None,
+         fa: FeatureFile, fb: FeatureFile | None, notes: dict):
+    positions = subset(reader.num_rows, rdm_samples, seed)
+    if len(positions) < 3:
+        raise ConfigError(f"rsa needs at least 3 samples shared by both sides, and there are "
+                          f"{len(positions)}")
+    if len(positions) < reader.num_rows:
+        log.info("rsa: RDMs of %d of the %d %s, drawn with seed=%d (rdm_samples=%d)",
+                 len(positions), reader.num_rows, "token rows" if pairing.per_token else
+                 "samples", seed, rdm_samples)
+    sub = reader.subset(positions)
+    n = len(positions)
+    triangle = 8 * n * (n - 1) // 2
+    if 8 * n * n + 4 * triangle > budget:
+        need = (8 * n * n + 4 * triangle) / (1 << 20)
+        raise ConfigError(f"an RDM of {n} samples needs about {need:.2g} MiB, more than "
+                          f"memory_mb={notes['memory_mb']:g}; lower rdm_samples or raise "
+                          "memory_mb")
+    # the ranked triangles of as many keys as the budget holds beside one RDM; the others are
+    # made again when needed
+    cache: OrderedDict = OrderedDict()
+    room = max(2, (budget - 8 * n * n) // max(1, triangle))
+    writer = _RdmWriter(rdms, fa, fb, pairing.index[positions], sub.rows) if rdms else None
+
+    def ranks_of(name: str):
+        if name not in cache:
+            matrix = rdm(sub, name, budget)
+            if writer is not None:
+                writer.add(name, matrix)
+            cache[name] = upper_ranks(matrix)
+            del matrix
+            while len(cache) > room:
+                cache.popitem(last=False)
+        cache.move_to_end(name)
+        return cache[name]
+
+    try:
+        values = spearman_matrix(left, right, ranks_of)
+    finally:
+        if writer is not None:
+            notes["rdms"] = str(writer.close())
+    notes["rdm_samples"] = n
+    return values, n
+
+
+class _RdmWriter:
+    """rdms.h5: ``index`` (each RDM row's dataset sample), ``file/<layer>/<kind>`` and
+    ``other/<layer>/<kind>`` (N, N) float32, attrs saying how they were made."""
+
+    def __init__(self, path: str | Path, fa: FeatureFile, fb: FeatureFile | None,
+                 index: np.ndarray, rows: dict[str, np.ndarray]):
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = h5py.File(self.path, "w")
+        except OSError as err:
+            raise OutputError(f"cannot write {str(self.path)!r} ({err.strerror or err}); "
+                              "choose a writable out_dir") from None
+        self.file.attrs.update({
+            "dissimilarity": "1 - Pearson r between samples (rsatoolbox method='correlation')",
+            "file": str(fa.path), "other": "" if fb is None else str(fb.path)})
+        self.file["index"] = index
+        self.rows = rows
+        self.written: set[str] = set()
+
+    def add(self, name: str, matrix) -> None:
+        if name in self.written:
+            return
+        side, key = ("file" if name.startswith("a:") else "other"), name[2:]
+        self.file.create_dataset(f"{side}/{key}", data=matrix.cpu().numpy().astype(np.float32))
+        self.file[f"{side}/{key}"].attrs["rows"] = self.rows[name]
+        self.written.add(name)
+
+    def close(self) -> Path:
+        self.file.close()
+        return self.path
+
+
+def default_out_dir(path: str | Path) -> Path:
+    """``<file's folder>/<file stem>_compare``: where ``python -m probe.compare`` writes."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}_compare")
+
+
+def write_similarity(result: Similarity, out_dir: str | Path) -> Path:
+    """Write ``similarity.csv`` (columns ``COLUMNS``) into ``out_dir``; return its path.
+
+    Raises:
+        OutputError: ``out_dir`` cannot be written.
+    """
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with (out_dir / "similarity.csv").open("w", newline="") as stream:
+            writer = csv.DictWriter(stream, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(result.table())
+    except OSError as err:
+        raise OutputError(f"cannot write to out_dir={str(out_dir)!r} ({err.strerror or err}); "
+                          "choose a writable out_dir") from None
+    return out_dir / "similarity.csv"
+
+
+def format_table(result: Similarity) -> str:
+    """The values as an aligned text matrix: a row per key of ``file``, a column per key of
+    ``other`` (or of ``file``)."""
+    header = [result.metric, *result.keys_b]
+    rows = [header] + [[a, *(f"{result.values[(a, b)]:.3f}" for b in result.keys_b)]
+                       for a in result.keys_a]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+                     .rstrip() for row in rows)

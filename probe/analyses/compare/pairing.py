@@ -1,0 +1,104 @@
+"""Which rows of two files hold the same thing: the samples both hold, matched by ``/index``,
+or, for rows per token (``tokens=all``), the tokens of the documents both hold, when both
+files hold the very same tokens of each."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from probe.analyses.stats import match_index, read_rows
+from probe.errors import ConfigError, DataError
+from probe.file.format import INPUT_IDS
+from probe.file.read import FeatureFile
+
+__all__ = ["Pairing", "pair_rows"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """Rows ``rows_a[k]`` of the first file and ``rows_b[k]`` of the second hold the same
+    sample (or token) k, whose dataset index is ``index[k]``."""
+
+    rows_a: np.ndarray
+    rows_b: np.ndarray
+    index: np.ndarray
+    samples: int  # samples (documents) shared
+    per_token: bool
+
+
+def pair_rows(fa: FeatureFile, keys_a: list[str], fb: FeatureFile | None = None,
+              keys_b: list[str] | None = None) -> Pairing:
+    """The rows to compare: all of ``fa``'s when ``fb`` is None, else those both files hold.
+
+    Raises:
+        ConfigError: keys with rows per token mixed with keys with rows per sample.
+        DataError: the files share no sample, or their shared documents hold other tokens.
+    """
+    per_token = _row_kind(fa, keys_a, fb, keys_b or [])
+    if fb is None:
+        total = int(fa.offsets[-1]) if per_token else fa.num_rows
+        rows = np.arange(total)
+        index = fa.index
+        if per_token:
+            index = np.repeat(index, np.diff(fa.offsets))
+        return Pairing(rows, rows, index, fa.num_rows, per_token)
+    docs_a, docs_b = match_index(fa.index, fb.index)
+    if len(docs_a) == 0:
+        raise DataError(
+            f"file={str(fa.path)!r} and other={str(fb.path)!r} share no sample: their /index "
+            f"hold {_span(fa.index)} and {_span(fb.index)}; compare files made from the same "
+            "dataset (runs of another limit, subset or shard hold other samples)")
+    log.info("matched %d samples by /index (%s holds %d, %s %d)", len(docs_a), fa.path.name,
+             fa.num_rows, fb.path.name, fb.num_rows)
+    index = fa.index[docs_a]
+    if not per_token:
+        return Pairing(docs_a, docs_b, index, len(docs_a), False)
+    rows_a, lengths_a = _token_rows(fa.offsets, docs_a)
+    rows_b, lengths_b = _token_rows(fb.offsets, docs_b)
+    differ = np.flatnonzero(lengths_a != lengths_b)
+    if not len(differ) and INPUT_IDS in fa and INPUT_IDS in fb:
+        same = read_rows(fa[INPUT_IDS], rows_a) == read_rows(fb[INPUT_IDS], rows_b)
+        if not same.all():
+            token = int(np.flatnonzero(~same)[0])
+            differ = [int(np.searchsorted(np.cumsum(lengths_a), token, side="right"))]
+    if len(differ):
+        sample = int(index[differ[0]])
+        raise DataError(
+            f"file={str(fa.path)!r} and other={str(fb.path)!r} hold other tokens for dataset "
+            f"sample {sample} ({int(lengths_a[differ[0]])} and {int(lengths_b[differ[0]])} "
+            "rows), so their token rows cannot be paired; compare one row per document: run "
+            "probe with tokens=last or tokens=mean")
+    return Pairing(rows_a, rows_b, np.repeat(index, lengths_a), len(docs_a), True)
+
+
+def _row_kind(fa: FeatureFile, keys_a: list[str], fb: FeatureFile | None,
+              keys_b: list[str]) -> bool:
+    kinds = {key: fa.per_token(key) for key in keys_a}
+    if fb is not None:
+        kinds.update({f"other's {key}": fb.per_token(key) for key in keys_b})
+    if len(set(kinds.values())) > 1:
+        token = next(k for k, v in kinds.items() if v)
+        sample = next(k for k, v in kinds.items() if not v)
+        raise ConfigError(
+            f"{token} holds one row per token (tokens=all) and {sample} one row per sample; "
+            "compare keys of one kind of rows (pick them with keys= and other_keys=), or run "
+            "probe with tokens=last or tokens=mean for one row per document")
+    return bool(next(iter(kinds.values())))
+
+
+def _token_rows(offsets: np.ndarray, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    # every token row of the documents, document after document, and each one's length
+    starts, lengths = offsets[docs], offsets[docs + 1] - offsets[docs]
+    total = int(lengths.sum())
+    first = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+    return first + np.arange(total), lengths
+
+
+def _span(index: np.ndarray) -> str:
+    return f"{len(index)} samples from {int(index.min())} to {int(index.max())}" if len(
+        index) else "no sample"

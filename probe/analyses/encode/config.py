@@ -1,0 +1,40 @@
+"""The config schema of ``python -m probe.encode``, whose values are in conf/encode.yaml
+(probe.config.compose registers it as ``encode_schema``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["EncodeConfig", "ALPHAS"]
+
+# the ridge penalties searched by default: 0.1 to 1e8, in the units of the summed squares
+# XcᵀXc (as scikit-learn's and himalaya's Ridge take them)
+ALPHAS = [0.1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8]
+
+
+@dataclass
+class EncodeConfig:
+    # the probe file to read (a finished run); required
+    file: str | None = None
+    # what to predict: T.npy (N, V) or T.h5:name, row i belonging to dataset sample i; required
+    targets: str | None = None
+    # "<layer>/<kind>" or "<layer>" (all its kinds); null: every stored dataset
+    keys: list[str] | None = None
+    # outer cross-validation folds; for each, alpha is chosen by an inner search over the others
+    folds: int = 5
+    # ridge penalties to choose from, for each target column on its own
+    alphas: list[float] = field(default_factory=lambda: list(ALPHAS))
+    # wider rows are first reduced to this many features by a seeded sparse random projection
+    max_features: int = 4096
+    # where encoding.csv, scores.h5 and the plot go; null: <file's folder>/<file stem>_encode
+    out_dir: str | None = None
+    # fixes the folds and the projection
+    seed: int = 0
+    # cpu | cuda | cuda:N | auto: where the ridge is solved (float64)
+    device: str = "cpu"
+    # MiB for the rows and sums held at once; decides whether a key's rows are loaded
+    memory_mb: float = 2048
+    # auto (himalaya when the rows fit in memory_mb, else streamed) | himalaya | streamed
+    solver: str = "auto"
+    # also draw encoding.png (needs matplotlib)
+    plot: bool = True

@@ -1,0 +1,248 @@
+"""The config schema, checked by Hydra when a config is composed, and the one home of every
+default: ``conf/config.yaml`` picks the groups and sets Hydra's options, the values are here.
+
+A mistyped key or a value of the wrong type fails at composition with Hydra's own message; a key
+added with ``+`` is refused by ``check_known_keys``. Nothing here imports Hydra: reading a file
+needs ``differing_keys``, not a composer (probe.config.compose registers the schema).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, TypeVar
+
+from omegaconf import MISSING
+
+from probe.errors import ConfigError
+
+__all__ = [
+    "Hook",
+    "Reduce",
+    "Dtype",
+    "Tokens",
+    "Compression",
+    "Subset",
+    "ProbeConfig",
+    "NEUTRAL_KEYS",
+    "differing_keys",
+    "member",
+    "MOVED_TARGETS",
+    "HOOK_OF_KIND",
+]
+
+
+class Hook(str, Enum):
+    """What a hook captures (the member's name, as the config says it) and the kind of dataset
+    it writes under ``<layer>/`` (the member's value)."""
+
+    forward = "output"
+    forward_pre = "input"
+    backward = "grad_output"
+    backward_input = "grad_input"
+
+    @property
+    def kind(self) -> str:
+        return self.value
+
+    @property
+    def needs_grad(self) -> bool:
+        return self in (Hook.backward, Hook.backward_input)
+
+
+HOOK_OF_KIND = {hook.kind: hook for hook in Hook}
+
+
+class Reduce(str, Enum):
+    """How a captured (N, C, ...) tensor is reduced before it is stored (the reduce attr)."""
+
+    none = "none"
+    mean = "mean"
+    max = "max"
+    flatten = "flatten"
+
+
+class Tokens(str, Enum):
+    """Which rows an output with a token axis, (batch, tokens, ...), gives: one per token, or
+    one per sample (the tokens attr); ``patches``: a vision transformer's patch tokens alone
+    (no class or register tokens), one (features, rows, columns) map per sample."""
+
+    all = "all"
+    first = "first"
+    last = "last"
+    mean = "mean"
+    patches = "patches"
+
+
+_E = TypeVar("_E", bound=Enum)
+
+
+def member(enum: type[_E], value: str | _E, label: str) -> _E:
+    """``value`` as a member of ``enum``, looked up by name.
+
+    Raises:
+        ConfigError: naming ``label`` and every member.
+    """
+    if isinstance(value, enum):
+        return value
+    if str(value) not in enum.__members__:
+        raise ConfigError(f"{label} is unknown; use any of {', '.join(enum.__members__)}")
+    return enum[str(value)]
+
+
+class Dtype(str, Enum):
+    """A floating-point type, as configs name it (output.dtype, model.dtype)."""
+
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+    @property
+    def torch(self):
+        """The torch dtype (torch is imported only when this is asked)."""
+        import torch
+
+        return getattr(torch, self.value)
+
+
+class Subset(str, Enum):
+    """Which samples ``limit`` takes."""
+
+    first = "first"
+    random = "random"
+
+
+class Compression(str, Enum):
+    none = "none"
+    lzf = "lzf"
+    gzip = "gzip"
+    zstd = "zstd"
+
+
+@dataclass
+class ShardConfig:
+    # this job takes every sample i (after `limit`) with i % count == index
+    index: int = 0
+    count: int = 1
+
+
+@dataclass
+class OutputConfig:
+    # the HDF5 file; null means <Hydra run dir>/features.h5
+    path: str | None = None
+    # replace a file that holds another config's run (otherwise such a file is refused)
+    overwrite: bool = False
+    # stored element type; bfloat16 is kept as its raw 16-bit pattern (HDF5 has no bfloat16),
+    # with the dataset's dtype attr saying so; probe.open reads it back as float32, exactly
+    dtype: Dtype = Dtype.float32
+    # HDF5 filter; zstd needs the `zstd` extra (hdf5plugin)
+    compression: Compression = Compression.none
+    # gzip level 0-9 or zstd level 1-22; null means the filter's default
+    compression_level: int | None = None
+    # rows become durable (resumable after a crash) every this many batches or seconds
+    commit_every: int = 8
+    commit_seconds: float = 5.0
+    # refuse to start a run whose estimated size exceeds the free disk space
+    check_free_space: bool = True
+    # HDF5 file locking: null (HDF5's default, or HDF5_USE_FILE_LOCKING), true, false, or
+    # best-effort; false or best-effort on file systems where locking fails (some NFS mounts)
+    file_locking: Any = None
+
+
+@dataclass
+class ProbeConfig:
+    # `_target_` of a torch.nn.Module factory; see conf/model/
+    model: Any = MISSING
+    # `_target_` of a torch Dataset whose items are a tensor or (tensor, target); see conf/dataset/
+    dataset: Any = MISSING
+    # module paths as model.named_modules() names them; shell-style globs allowed
+    layers: list[str] = field(default_factory=list)
+    # what to capture at each layer
+    hooks: list[Hook] = field(default_factory=lambda: [Hook.forward])
+    # the scalar per sample that backward hooks differentiate: top1, target, nll, similarity
+    # (the model's family says which it gives) or a `_target_`
+    objective: Any = "top1"
+    # reduction of each captured tensor before storage
+    reduce: Reduce = Reduce.none
+    # outputs with (batch, sequence) leading axes (language models, vision transformers): all
+    # (one row per real token; padding is never stored), first, last (the last real token),
+    # or mean (over the real tokens): one row per sample; patches: a vision transformer's
+    # patch tokens alone (no class or register tokens) as (N, features, rows, columns)
+    tokens: Tokens = Tokens.all
+    # exceptions to `reduce`, {layer name or glob: reduce}, e.g. {layer4: none}; a layer's own
+    # name beats a glob. Typed Any with a null default: Hydra merges a dict from the command line
+    # into an existing (typed) one, where struct mode refuses new keys; the runner checks values.
+    reduce_by_layer: Any = None
+    # forward-only runs stop each forward pass once every hooked module has run (false: run it all)
+    stop_early: bool = True
+    # auto | cpu | cuda | cuda:N | mps
+    device: str = "auto"
+    batch_size: int = 16
+    # language models: a budget of padded token positions per batch, instead of batch_size
+    # documents (batch_size still sizes the windows that bucket_by_length sorts)
+    batch_tokens: int | None = None
+    # language models: batch documents of similar length together (far less padding); the
+    # rows are still stored in dataset order
+    bucket_by_length: bool = True
+    num_workers: int = 0
+    # take only `limit` samples of the dataset; null means all
+    limit: int | None = None
+    # which `limit` samples: the first ones, or a random choice (seeded by `seed`; rows stay in
+    # dataset order). `random` suits a folder sorted by class, whose first samples are one class
+    subset: Subset = Subset.first
+    # seeds the random init of models without weights, the synthetic dataset and subset=random
+    seed: int = 0
+    shard: ShardConfig = field(default_factory=ShardConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    @property
+    def needs_grad(self) -> bool:
+        """Whether a hook asks for gradients."""
+        return any(Hook(hook).needs_grad for hook in self.hooks)
+
+    @property
+    def skip_bad(self) -> bool:
+        """Whether samples that cannot be loaded are left out (``dataset.on_error=skip``)."""
+        return str((self.dataset or {}).get("on_error", "raise")) == "skip"
+
+
+# Keys that do not change what is stored: a run may resume, or find its finished file, with other
+# values of these. conf/config.yaml leaves the same keys out of the run folder's name (a test
+# holds the two lists equal).
+NEUTRAL_KEYS = ("batch_size", "batch_tokens", "bucket_by_length", "num_workers", "device",
+                "stop_early", "output.path",
+                "output.overwrite", "output.commit_every", "output.commit_seconds",
+                "output.check_free_space", "output.file_locking")
+
+
+# factories that moved in 0.2 (the floors of folders), by their old names: a file that an
+# earlier version started records them, and resumes under the new ones
+MOVED_TARGETS = {
+    "probe.data.SyntheticImages": "probe.data.images.SyntheticImages",
+    "probe.data.image_folder": "probe.data.images.image_folder",
+    "probe.data.cifar10": "probe.data.images.cifar10",
+    "probe.text.data.TextDataset": "probe.data.text.corpus.TextDataset",
+    "probe.text.ids.TokenIds": "probe.data.tokens.TokenIds",
+    "probe.audio.data.AudioDataset": "probe.data.audio.clips.AudioDataset",
+    "probe.feeds.pairs.PairsDataset": "probe.data.pairs.PairsDataset",
+}
+
+
+def differing_keys(a: Mapping, b: Mapping, ignore: tuple[str, ...] = NEUTRAL_KEYS) -> list[str]:
+    """Dotted keys whose values differ between two configs, leaving out ``ignore`` (a factory
+    named by its name before it moved is the same factory)."""
+    flat_a, flat_b = _flatten(a), _flatten(b)
+    keys = sorted(set(flat_a) | set(flat_b))
+    return [k for k in keys if k not in ignore and flat_a.get(k) != flat_b.get(k)]
+
+
+def _flatten(node: Mapping, prefix: str = "") -> dict:
+    flat: dict = {}
+    for key, value in node.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = MOVED_TARGETS.get(value, value) if key == "_target_" else value
+    return flat

@@ -1,0 +1,287 @@
+"""Sound files as a dataset of clips: ``dataset=audio dataset.root=<folder>`` or
+``dataset=audio dataset.path=clips.csv``.
+
+Files are decoded by soundfile (libsndfile: wav, flac, ogg and what else it reads), mixed to
+mono by averaging their channels, and resampled by soxr to the sampling rate of the model's
+own feature extractor (``transformers.AutoFeatureExtractor``, from the model's folder or Hub
+id). Both are recorded in the file's root attrs. Only the files' headers are read before the
+run (lengths, for bucketing, and rates); the sound itself is decoded as the batches are made.
+
+Two ways to list the clips:
+
+- ``root``: one subfolder per class, as ``dataset=imagefolder``; the targets are the class
+  indices (sorted names), stored as /target, the names as the root attr ``classes``;
+- ``path``: a .csv or .jsonl file with a column of paths (``column``, default ``audio``;
+  relative to the file's folder, or absolute) and, optionally, ``label_column``: integer
+  labels, or names (then numbered in sorted order and recorded as ``classes``), and
+  ``transcript_column``: each clip's text, stored as /transcript, which ``objective=nll`` of
+  a CTC head scores.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from probe.data.audio.feed import AudioFeed
+from probe.data.feed import bad_sample
+from probe.errors import ConfigError, DataError
+
+__all__ = ["AudioDataset"]
+
+log = logging.getLogger(__name__)
+
+_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".aif", ".aiff")
+_LISTS = (".csv", ".jsonl")
+
+
+class AudioDataset(Dataset):
+    """Clips of sound at the feature extractor's rate: item i is ``{"audio", "target",
+    "file"}``.
+
+    Example::
+
+        data = AudioDataset(root="clips", feature_extractor="facebook/wav2vec2-base")
+        item = data[0]      # audio (samples,) float32 mono at data.sampling_rate;
+                            # target: int (-1 without classes); file: relative path
+
+    Raises:
+        DataError: a root or path that does not exist or lists no sound files.
+        ConfigError: neither or both of root and path, a missing column, a feature extractor
+            that cannot be loaded, windows that do not fit together.
+    """
+
+    feed = AudioFeed()
+
+    def __init__(self, root: str | None = None, path: str | None = None, column: str = "audio",
+                 label_column: str | None = None, transcript_column: str | None = None,
+                 feature_extractor: str | None = None,
+                 window_seconds: float | None = None, stride_seconds: float | None = None):
+        self.extractor_name = _required(feature_extractor)
+        self.extractor = _extractor(self.extractor_name)
+        self.sampling_rate = int(self.extractor.sampling_rate)
+        if (root is None) == (path is None):
+            raise ConfigError("dataset=audio needs one of dataset.root (a folder with one "
+                              "subfolder per class) or dataset.path (a .csv or .jsonl list of "
+                              "files)")
+        self.transcripts: list[str] | None = None
+        if root is not None:
+            if transcript_column is not None:
+                raise ConfigError("dataset.transcript_column is a column of dataset.path; a "
+                                  "dataset.root folder has none: list the clips in a csv")
+            self.base, self.paths, self.targets, self.classes = _folder(Path(root).expanduser())
+            self.source = str(root)
+        else:
+            listing = Path(path).expanduser()
+            self.base, self.paths, self.targets, self.classes, self.transcripts = _listing(
+                listing, str(column), None if label_column is None else str(label_column),
+                None if transcript_column is None else str(transcript_column))
+            self.source = str(path)
+        self.files = [_relative(p, self.base) for p in self.paths]
+        self.has_targets = self.targets is not None
+        self.window_seconds, self.stride_seconds = _windows(window_seconds, stride_seconds)
+        self._headers: list[tuple[int, int, int] | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> dict:
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} clips")
+        return {"audio": self.decode(index), "file": self.files[index],
+                "target": -1 if self.targets is None else int(self.targets[index]),
+                "transcript": None if self.transcripts is None else self.transcripts[index]}
+
+    def decode(self, index: int) -> np.ndarray:
+        """Clip ``index`` as float32 mono samples at ``sampling_rate``.
+
+        Raises:
+            DataError: a file that soundfile cannot read, or one without samples, naming it.
+        """
+        import soundfile
+        import soxr
+
+        try:
+            sound, rate = soundfile.read(str(self.paths[index]), dtype="float32",
+                                         always_2d=True)
+        except Exception as err:  # libsndfile's errors: not audio, truncated, unknown format
+            raise DataError(bad_sample(index, err, self.files[index])) from None
+        if not len(sound):
+            raise DataError(bad_sample(index, ValueError("it holds no samples"),
+                                       self.files[index]))
+        sound = sound.mean(axis=1) if sound.shape[1] > 1 else sound[:, 0]
+        if rate != self.sampling_rate:
+            sound = soxr.resample(sound, rate, self.sampling_rate).astype(np.float32)
+        return np.ascontiguousarray(sound)
+
+    def headers(self) -> list[tuple[int, int, int] | None]:
+        """(samples, rate, channels) of each file from its header; None where it has none
+        that soundfile reads (loading the clip then says why)."""
+        if self._headers is None:
+            import soundfile
+
+            found = []
+            for path in self.paths:
+                try:
+                    info = soundfile.info(str(path))
+                    found.append((int(info.frames), int(info.samplerate), int(info.channels)))
+                except Exception:  # said, naming the file, when the clip is loaded
+                    found.append(None)
+            self._headers = found
+        return self._headers
+
+    def lengths(self, indices: list[int]) -> np.ndarray:
+        """Each clip's length in samples at ``sampling_rate``, from its header (soxr's
+        length, rounded; 0 for a file without a header)."""
+        headers = self.headers()
+        return np.asarray([0 if headers[i] is None else
+                           round(headers[i][0] * self.sampling_rate / headers[i][1])
+                           for i in indices], dtype=np.int64)
+
+    def describe(self) -> dict:
+        """Root attrs that say how the files became clips."""
+        rates = sorted({h[1] for h in self.headers() if h is not None})
+        channels = sorted({h[2] for h in self.headers() if h is not None})
+        attrs = {"feature_extractor": self.extractor_name, "sampling_rate": self.sampling_rate,
+                 "source_sampling_rates": rates, "source_channels": channels,
+                 "decoder": "soundfile", "resampler": "soxr", "mono": "mean of channels",
+                 "resampled_files": sum(1 for h in self.headers()
+                                        if h is not None and h[1] != self.sampling_rate)}
+        if self.window_seconds is not None:
+            attrs.update(window_seconds=self.window_seconds, stride_seconds=self.stride_seconds)
+        return attrs
+
+    def fingerprint(self) -> dict:
+        """The files (relative paths and sizes) and the feature extractor's settings."""
+        lines = sorted(f"{f}:{p.stat().st_size if p.exists() else -1}"
+                       for f, p in zip(self.files, self.paths, strict=True))
+        return {"audio_files": _digest("\n".join(lines)),
+                "feature_extractor": _digest(self.extractor.to_json_string())}
+
+
+def _required(value) -> str:
+    if value is None or str(value) == "":
+        raise ConfigError("dataset.feature_extractor is not set; set dataset.feature_extractor="
+                          "<the model's name or folder> (dataset=audio sets it to model.name)")
+    return str(value)
+
+
+def _extractor(name: str):
+    try:
+        from transformers import AutoFeatureExtractor
+    except ImportError:
+        raise ConfigError("dataset=audio needs transformers: pip install 'probe[text,audio]'") \
+            from None
+    try:
+        return AutoFeatureExtractor.from_pretrained(name)
+    except (OSError, ValueError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"dataset.feature_extractor={name!r} cannot be loaded ({first}); "
+                          "dataset=audio is read by an audio checkpoint's own feature "
+                          "extractor: use a speech or audio model (wav2vec2, HuBERT, WavLM, "
+                          "Whisper, AST)") from None
+
+
+def _folder(root: Path) -> tuple[Path, list[Path], np.ndarray, list[str]]:
+    if not root.is_dir():
+        raise DataError(f"dataset.root={str(root)!r}: no such folder")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if not classes:
+        raise DataError(f"dataset.root={str(root)!r} has no class subfolders; put each class's "
+                        "files in root/<class>/, or list them in a csv with dataset.path")
+    paths, targets = [], []
+    for target, name in enumerate(classes):
+        found = sorted(p for p in (root / name).rglob("*") if p.suffix.lower() in _SUFFIXES)
+        paths += found
+        targets += [target] * len(found)
+    if not paths:
+        raise DataError(f"dataset.root={str(root)!r} holds no sound files "
+                        f"({', '.join(_SUFFIXES)})")
+    return root, paths, np.asarray(targets, dtype=np.int64), classes
+
+
+def _listing(path: Path, column: str, label_column: str | None, transcript_column: str | None
+             ) -> tuple[Path, list[Path], np.ndarray | None, list[str] | None,
+                        list[str] | None]:
+    if not path.is_file():
+        raise DataError(f"dataset.path={str(path)!r}: no such file")
+    if path.suffix.lower() not in _LISTS:
+        kind = path.suffix or "a file without a suffix"
+        raise DataError(f"dataset.path={str(path)!r}: cannot read {kind}; list the clips in a "
+                        ".csv or .jsonl file, or pass a folder of class subfolders as "
+                        "dataset.root")
+    rows = _rows(path)
+    if not rows:
+        raise DataError(f"dataset.path={str(path)!r} lists no clips (empty)")
+    for key, name in (("column", column), ("label_column", label_column),
+                      ("transcript_column", transcript_column)):
+        if name is not None and name not in rows[0]:
+            raise ConfigError(f"dataset.{key}={name!r} is not a column of {str(path)!r}; it has "
+                              f"{', '.join(map(str, rows[0]))}")
+    paths = [Path(str(row.get(column, ""))).expanduser() for row in rows]
+    paths = [p if p.is_absolute() else path.parent / p for p in paths]
+    texts = (None if transcript_column is None else
+             ["" if row.get(transcript_column) is None else str(row[transcript_column])
+              for row in rows])
+    if label_column is None:
+        return path.parent, paths, None, None, texts
+    targets, classes = _labels([row.get(label_column) for row in rows], label_column)
+    return path.parent, paths, targets, classes, texts
+
+
+def _rows(path: Path) -> list[dict]:
+    text = path.read_text()
+    if path.suffix.lower() == ".csv":
+        return list(csv.DictReader(text.splitlines()))
+    rows = []
+    for n, line in enumerate(text.splitlines()):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise DataError(f"dataset.path={str(path)!r}: line {n + 1} is not JSON ({err})"
+                                "; fix the file") from None
+    return rows
+
+
+def _labels(values: list, column: str) -> tuple[np.ndarray, list[str] | None]:
+    if any(v is None or v == "" for v in values):
+        raise ConfigError(f"dataset.label_column={column!r} has empty values; give every clip "
+                          "a label, or leave label_column unset")
+    try:
+        return np.asarray([int(v) for v in values], dtype=np.int64), None
+    except (TypeError, ValueError):  # names of classes: numbered in sorted order
+        classes = sorted({str(v) for v in values})
+        number = {name: n for n, name in enumerate(classes)}
+        return np.asarray([number[str(v)] for v in values], dtype=np.int64), classes
+
+
+def _relative(path: Path, base: Path) -> str:
+    try:
+        return str(path.relative_to(base))
+    except ValueError:
+        return str(path)
+
+
+def _windows(window, stride) -> tuple[float | None, float | None]:
+    if window is None:
+        if stride is not None:
+            raise ConfigError("dataset.stride_seconds without dataset.window_seconds; set both "
+                              "to cut long recordings into windows")
+        return None, None
+    window = float(window)
+    stride = window / 2 if stride is None else float(stride)
+    if not 0 < stride <= window:
+        raise ConfigError(f"dataset.stride_seconds={stride} must be above 0 and at most "
+                          f"dataset.window_seconds={window}")
+    return window, stride
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

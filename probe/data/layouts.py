@@ -1,0 +1,333 @@
+"""Row layouts: how the position axis of a captured tensor becomes stored rows.
+
+Every batch has a layout. An output follows it when its second axis is the layout's positions
+((B, length, ...)); for such an output the layout says which positions count, how ``tokens=``
+pools them, what one stored row is and how its axes are named, and which bookkeeping rows go
+with them. The per-key transform, the hooks, the dry run and the runner ask the layout and
+never look inside it, so a new kind of rows is one more class here.
+
+    SAMPLE_ROWS                   one row per sample: outputs with no position axis (conv
+                                  maps, logits); also how outputs that follow no layout store
+    Positions(keep, bookkeeping)  ragged positions: ``keep`` (B, L) marks the real ones (a
+                                  language model's tokens, an audio encoder's frames, never
+                                  padding); ``tokens=all`` stores a row per kept position,
+                                  which the file's /offsets bound per sample
+    Pieces(keep, piece_sample)    the same for a sample fed as several rows of the model's
+                                  input, in order (a long recording's windows): its rows
+                                  are joined, and pooled as one
+    PatchGrid(prefix, grid)       a fixed run of ``prefix`` special positions (class, register
+                                  tokens) then patches on a (rows, columns) grid: a vision
+                                  transformer's; ``tokens=patches`` lays the patches out as a
+                                  (features, rows, columns) map
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import torch
+
+from probe.config.schema import Reduce, Tokens
+from probe.errors import ConfigError
+from probe.file.format import Attr, DatasetSpec, split_key
+
+__all__ = ["RowLayout", "SampleRows", "SAMPLE_ROWS", "Positions", "Pieces", "PatchGrid",
+           "plain_dims", "feature_dims"]
+
+
+class RowLayout(Protocol):
+    """What every layout answers (see the module's docstring)."""
+
+    length: int | None  # the positions along an output's second axis; None: no such axis
+    # (samples,) on the CPU: the rows each sample stores with tokens=all, where those are one
+    # per position; None otherwise
+    lengths: torch.Tensor | None
+
+    def follows(self, shape: tuple[int, ...]) -> bool:
+        """Whether a captured (B, ...) tensor of ``shape`` has this layout's position axis."""
+
+    def stored(self, key: str, rows: tuple[int, ...], pool: Tokens, reduce: Reduce
+               ) -> tuple[tuple[int, ...], tuple[str, ...], bool]:
+        """For a key that follows the layout, whose rows before pooling are ``rows`` (the
+        shape after the batch axis): the stored row's shape, the name of every stored axis
+        (rows first), and whether rows are one per position.
+
+        Raises:
+            ConfigError: a pool or reduce that this layout's rows cannot take.
+        """
+
+    def select(self, value: torch.Tensor, pool: Tokens) -> torch.Tensor:
+        """The stored rows of a (B, length, ...) value of a key that follows the layout."""
+
+    def check(self, plain: list[str], gradients: bool) -> None:
+        """Refuse what this layout cannot store: keys that follow no layout (``plain``), or
+        gradients.
+
+        Raises:
+            ConfigError: naming what to leave out.
+        """
+
+    def bookkeeping(self) -> dict[str, DatasetSpec]:
+        """The datasets of one row per kept position that go with the rows (token ids,
+        positions, ...), filled from ``bookkeeping_rows``."""
+
+    @property
+    def bookkeeping_rows(self) -> dict[str, torch.Tensor]:
+        """This batch's values of ``bookkeeping()``, one per kept position, on the CPU."""
+
+    def to(self, device: torch.device) -> RowLayout:
+        """The layout with what ``select`` reads on ``device`` (the CPU bookkeeping stays)."""
+
+    def describe(self) -> str | None:
+        """The layout in words, for ``python -m probe.layers``; None where there is nothing
+        to say."""
+
+
+def feature_dims(axes: int) -> tuple[str, ...]:
+    """The names of the axes after a position axis: its features."""
+    return ("feature",) if axes == 1 else tuple(f"feature{n}" for n in range(axes))
+
+
+def plain_dims(axes: int) -> tuple[str, ...]:
+    """The names of a per-sample row's axes (``axes`` after the batch axis), as PyTorch's
+    layers lay them out: features, or channels then space."""
+    if axes <= 1:
+        return ("sample", "feature")[: axes + 1]
+    spatial = {1: ("length",), 2: ("height", "width"), 3: ("depth", "height", "width")}
+    return ("sample", "channel", *spatial.get(axes - 1, tuple(f"axis{n}" for n in
+                                                              range(2, axes + 1))))
+
+
+@dataclass(frozen=True)
+class SampleRows:
+    """One row per sample (see the module's docstring)."""
+
+    length = None
+    lengths = None
+
+    def follows(self, shape: tuple[int, ...]) -> bool:
+        return False
+
+    def stored(self, key: str, rows: tuple[int, ...], pool: Tokens, reduce: Reduce
+               ) -> tuple[tuple[int, ...], tuple[str, ...], bool]:
+        return rows, plain_dims(len(rows)), False
+
+    def select(self, value: torch.Tensor, pool: Tokens) -> torch.Tensor:
+        return value
+
+    def check(self, plain: list[str], gradients: bool) -> None:
+        pass
+
+    def bookkeeping(self) -> dict[str, DatasetSpec]:
+        return {}
+
+    @property
+    def bookkeeping_rows(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def to(self, device: torch.device) -> SampleRows:
+        return self
+
+    def describe(self) -> str | None:
+        return None
+
+
+SAMPLE_ROWS = SampleRows()
+
+
+def _follows(length: int, shape: tuple[int, ...]) -> bool:
+    return len(shape) >= 3 and shape[1] == length
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Ragged positions, ``keep`` (B, L) marking the real ones (see the module's docstring).
+
+    ``rows``: bookkeeping per kept position, in order ({"input_ids": (kept,), ...}); ``axis``
+    names a position in the file's ``dims`` attr ("token", "frame").
+    """
+
+    keep: torch.Tensor
+    rows: dict[str, torch.Tensor] = field(default_factory=dict)
+    axis: str = "token"
+    lengths: torch.Tensor | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        if self.lengths is None:  # counted once, on the CPU where the batch was made
+            object.__setattr__(self, "lengths", self._lengths())
+
+    def _lengths(self) -> torch.Tensor:
+        return self.keep.sum(1)
+
+    @property
+    def length(self) -> int:
+        return int(self.keep.shape[1])
+
+    def follows(self, shape: tuple[int, ...]) -> bool:
+        return _follows(self.length, shape)
+
+    def stored(self, key: str, rows: tuple[int, ...], pool: Tokens, reduce: Reduce
+               ) -> tuple[tuple[int, ...], tuple[str, ...], bool]:
+        if pool is Tokens.patches:
+            raise ConfigError(
+                f"tokens=patches on {key}, a token layout of {rows[0]} {self.axis}s without a "
+                "patch grid: patches are a vision transformer's; use tokens=all, first, last "
+                "or mean")
+        if pool is Tokens.all:
+            if reduce in (Reduce.mean, Reduce.max):
+                raise ConfigError(_feature_pooling(key, reduce, f"whose rows are its "
+                                                   f"{self.axis}s ({self.axis}s, features)",
+                                                   "tokens=mean (or first, last)"))
+            return rows[1:], (self.axis, *feature_dims(len(rows) - 1)), True
+        return rows[1:], ("sample", *feature_dims(len(rows) - 1)), False
+
+    def select(self, value: torch.Tensor, pool: Tokens) -> torch.Tensor:
+        keep = self.keep
+        if value.shape[:2] != keep.shape:
+            raise ValueError(f"an output of shape {tuple(value.shape)} for a batch whose "
+                             f"positions are {tuple(keep.shape)}")
+        if pool is Tokens.all:
+            return value[keep]
+        rows = torch.arange(len(value), device=value.device)
+        if pool is Tokens.first:
+            return value[rows, keep.int().argmax(1)]
+        if pool is Tokens.last:
+            return value[rows, keep.shape[1] - 1 - keep.flip(1).int().argmax(1)]
+        weights = keep.to(torch.promote_types(value.dtype, torch.float32))
+        weights = weights / weights.sum(1, keepdim=True)
+        return torch.einsum("bl...,bl->b...", value.to(weights.dtype), weights)
+
+    def check(self, plain: list[str], gradients: bool) -> None:
+        pass
+
+    def bookkeeping(self) -> dict[str, DatasetSpec]:
+        dims = {Attr.DIMS: [self.axis]}
+        return {name: DatasetSpec((), str(values.dtype).removeprefix("torch."), dims,
+                                  compressible=False, per_position=True)
+                for name, values in self.rows.items()}
+
+    @property
+    def bookkeeping_rows(self) -> dict[str, torch.Tensor]:
+        return self.rows
+
+    def to(self, device: torch.device) -> Positions:
+        return replace(self, keep=self.keep.to(device, non_blocking=True), lengths=self.lengths)
+
+    def describe(self) -> str | None:
+        return None
+
+
+@dataclass(frozen=True)
+class Pieces(Positions):
+    """Ragged positions of samples fed as several rows each: ``piece_sample`` (rows,) is the
+    sample (0 .. B - 1) of each row of ``keep``, a sample's rows consecutive and in order."""
+
+    piece_sample: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+
+    def _lengths(self) -> torch.Tensor:
+        per_row = self.keep.sum(1)
+        samples = int(self.piece_sample.max()) + 1 if len(self.piece_sample) else 0
+        return torch.zeros(samples, dtype=per_row.dtype).index_add_(
+            0, self.piece_sample.cpu(), per_row.cpu())
+
+    def select(self, value: torch.Tensor, pool: Tokens) -> torch.Tensor:
+        # the kept positions of all rows, in order: each sample's form one block
+        rows = value[self.keep]
+        if pool is Tokens.all:
+            return rows
+        lengths = self.lengths.to(value.device)
+        ends = lengths.cumsum(0)
+        if pool is Tokens.first:
+            return rows[ends - lengths]
+        if pool is Tokens.last:
+            return rows[ends - 1]
+        dtype = torch.promote_types(value.dtype, torch.float32)
+        owner = torch.repeat_interleave(torch.arange(len(lengths), device=value.device), lengths)
+        sums = torch.zeros((len(lengths), *rows.shape[1:]), dtype=dtype, device=value.device)
+        sums.index_add_(0, owner, rows.to(dtype))
+        return sums / lengths.view(-1, *[1] * (rows.dim() - 1)).to(dtype)
+
+    def check(self, plain: list[str], gradients: bool) -> None:
+        if plain:
+            raise ConfigError(
+                f"{plain[0]} has no {self.axis} axis, so the rows of a sample fed in pieces "
+                f"cannot be joined; leave {split_key(plain[0])[0]!r} out, or feed whole samples "
+                "(e.g. without dataset.window_seconds)")
+        if gradients:
+            raise ConfigError(
+                "gradients of a sample fed in pieces are not joined into one; feed whole "
+                "samples for gradient hooks (e.g. leave dataset.window_seconds unset)")
+
+    def to(self, device: torch.device) -> Pieces:
+        return replace(self, keep=self.keep.to(device, non_blocking=True), lengths=self.lengths)
+
+
+@dataclass(frozen=True)
+class PatchGrid:
+    """``prefix`` special positions, then patches on ``grid`` (rows, columns), row by row, as
+    vision transformers lay them out; every position counts."""
+
+    prefix: int
+    grid: tuple[int, int]
+    lengths = None
+
+    @property
+    def length(self) -> int:
+        return self.prefix + self.grid[0] * self.grid[1]
+
+    def follows(self, shape: tuple[int, ...]) -> bool:
+        return _follows(self.length, shape)
+
+    def stored(self, key: str, rows: tuple[int, ...], pool: Tokens, reduce: Reduce
+               ) -> tuple[tuple[int, ...], tuple[str, ...], bool]:
+        features = feature_dims(len(rows) - 1)
+        if pool is Tokens.all:
+            if reduce in (Reduce.mean, Reduce.max):
+                raise ConfigError(_feature_pooling(
+                    key, reduce, "(N, tokens, features)", "tokens=first (the class token), "
+                    "last or mean, or tokens=patches to pool the patch grid"))
+            return rows, ("sample", "token", *features), False
+        if pool is Tokens.patches:
+            if len(rows) != 2:
+                raise ConfigError(f"tokens=patches on {key}, whose rows are {rows}: patches "
+                                  "need (tokens, features) rows; use tokens=all, first, last "
+                                  "or mean")
+            return (rows[1], *self.grid), ("sample", "feature", "height", "width"), False
+        return rows[1:], ("sample", *features), False
+
+    def select(self, value: torch.Tensor, pool: Tokens) -> torch.Tensor:
+        if pool is Tokens.all:
+            return value
+        if pool is Tokens.patches:  # (B, D, rows, columns), patches in row-major order
+            return value[:, self.prefix:].unflatten(1, self.grid).movedim(-1, 1)
+        if pool is Tokens.mean:
+            return value.mean(1, dtype=torch.promote_types(value.dtype, torch.float32))
+        return value[:, 0] if pool is Tokens.first else value[:, -1]
+
+    def check(self, plain: list[str], gradients: bool) -> None:
+        pass
+
+    def bookkeeping(self) -> dict[str, DatasetSpec]:
+        return {}
+
+    @property
+    def bookkeeping_rows(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def to(self, device: torch.device) -> PatchGrid:
+        return self
+
+    def describe(self) -> str | None:
+        rows, columns = self.grid
+        return (f"token layout: {self.length} tokens = {self.prefix} class/register token(s) "
+                f"+ {rows}x{columns} patches; tokens=patches stores (features, {rows}, "
+                f"{columns})")
+
+
+def _feature_pooling(key: str, reduce: Reduce, rows: str, instead: str) -> str:
+    # the axes after a position axis are its features, not space
+    return (f"reduce={reduce.name} on {key}, a token layout {rows}: it would {reduce.name}-pool "
+            f"the feature axis; pool the tokens instead with {instead}, or leave this layer out "
+            f"of the reduce ('reduce_by_layer={{{split_key(key)[0]}:none}}')")
+

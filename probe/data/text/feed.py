@@ -1,0 +1,172 @@
+"""How token sequences reach a language model: the feed of ``dataset=text`` and
+``dataset=tokens``.
+
+Batches are right-padded, with an attention mask, so that position ids start at 0 for every
+sample (GPT-2's absolute positions would shift under left padding); padding is never stored.
+Rows are one per stored position of each sample (``keep``: its tokens, less the special ones
+that ``exclude_special`` leaves out), recorded with the token's id (``/input_ids``) and its
+position (``/positions``), and, for packed windows, its document (``/document``).
+
+A dataset of token sequences (``Sequences``) gives items ``{"input_ids", "keep", "target",
+"document"}`` and says how long its samples are, so that batches can be bucketed by length.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pad_sequence
+
+from probe.data.buckets import plan_batches
+from probe.data.feed import (
+    Batch,
+    Batching,
+    DataKind,
+    LoadedItems,
+    batch_loader,
+    loadable,
+)
+from probe.data.layouts import Positions
+from probe.data.selection import OpenSelection, Selection
+from probe.data.text.stream import stream_items
+from probe.errors import DataError
+from probe.file.format import DOCUMENT, INPUT_IDS, POSITIONS, DatasetSpec
+
+__all__ = ["TextFeed", "Sequences"]
+
+log = logging.getLogger(__name__)
+
+
+class Sequences(Protocol):
+    """A dataset of token sequences, as TextFeed reads it (probe.data.text.corpus,
+    probe.data.tokens)."""
+
+    label_column: str | None  # where the targets come from; None: no targets
+    packing: bool  # samples are windows of several documents (then /document is stored)
+
+    def __getitem__(self, index: int) -> dict: ...
+
+    def lengths(self, indices: list[int]) -> np.ndarray:
+        """How many tokens each sample feeds the model."""
+
+    def stored_lengths(self, indices: list[int]) -> np.ndarray:
+        """How many token rows each sample stores."""
+
+    def describe(self) -> dict:
+        """Root attrs that say how the sequences were made (tokenizer, max_length, ...)."""
+
+
+class TextFeed:
+    """The feed of token sequences: see the module's docstring."""
+
+    kind = DataKind.text
+    unit = "tok"
+    positions = True
+    hint = "a dataset.max_length beyond the model's positions?"
+    targets_hint = "dataset.label_column, a column of integer labels"
+
+    def for_model(self, output_lengths) -> TextFeed:
+        return self  # a token's row is the model's output at that token
+
+    def has_targets(self, dataset: Sequences, sample: int) -> bool:
+        return dataset.label_column is not None
+
+    def loader(self, dataset: Sequences, selection: Selection, batching: Batching):
+        """Batches over ``selection``: in dataset order, or bucketed by length within groups
+        (each batch says whether it ends its group; probe.data.buckets)."""
+        if isinstance(selection, OpenSelection):
+            yield from self._read_as_it_comes(dataset, selection, batching)
+            return
+        planned = plan_batches(dataset.lengths(selection), batching)
+        collate = partial(self.collate, skip_bad=batching.skip_bad)
+        loader = batch_loader(LoadedItems(dataset, selection), collate,
+                              num_workers=batching.num_workers, pin_memory=batching.pin_memory,
+                              batch_sampler=[positions.tolist() for positions, _ in planned])
+        for batch, (_, ends_group) in zip(loader, planned, strict=True):
+            batch.ends_group = ends_group
+            yield batch
+
+    def _read_as_it_comes(self, dataset, selection: OpenSelection, batching: Batching):
+        # a group of samples at a time, cut into batches as from a list
+        group = batching.group if batching.group > 1 else batching.batch_size
+        rows: list[tuple[int, dict]] = []
+        for row in stream_items(dataset, selection):
+            rows.append(row)
+            if len(rows) == group:
+                yield from self._batches_of(rows, batching)
+                rows = []
+        yield from self._batches_of(rows, batching)
+
+    def _batches_of(self, rows: list[tuple[int, dict]], batching: Batching):
+        lengths = np.asarray([len(item["input_ids"]) for _, item in rows], dtype=np.int64)
+        for positions, ends_group in plan_batches(lengths, batching):
+            batch = self.collate([rows[p] for p in positions])
+            batch.ends_group = ends_group
+            yield batch
+
+    def dry_batches(self, dataset: Sequences, index: int) -> list[Batch]:
+        """The sample alone, and again one position shorter (or, for a sample of one token,
+        one longer with padding): a captured tensor whose second axis follows the length is a
+        token layout. Never longer than the sample, which may fill the model's positions."""
+        row = LoadedItems(dataset, [index])[0]
+        if isinstance(row[1], str):
+            raise DataError(row[1])
+        if len(row[1]["input_ids"]) < 2:
+            return [self.collate([row]), self.collate([row], extra=1)]
+        shorter = {key: value[:-1] if isinstance(value, torch.Tensor) else value
+                   for key, value in row[1].items()}
+        return [self.collate([row]), self.collate([(row[0], shorter)])]
+
+    def collate(self, rows: list[tuple[int, dict | str]], extra: int = 0,
+                skip_bad: bool = False) -> Batch:
+        rows, skipped, instead = loadable(rows, skip_bad)
+        if instead is not None:
+            return instead
+        index = torch.tensor([i for i, _ in rows], dtype=torch.int64)
+        items = [item for _, item in rows]
+        ids = pad_sequence([item["input_ids"] for item in items], batch_first=True)
+        length = ids.shape[1] + extra
+        ids = nn.functional.pad(ids, (0, extra))  # padding ids are masked: any will do
+        real = torch.zeros(ids.shape, dtype=torch.bool)
+        keep = torch.zeros(ids.shape, dtype=torch.bool)
+        for n, item in enumerate(items):
+            real[n, :len(item["input_ids"])] = True
+            keep[n, :len(item["keep"])] = item["keep"]
+        positions = torch.arange(length).expand(len(items), length)
+        rows = {INPUT_IDS: ids[keep].to(torch.int32), POSITIONS: positions[keep].to(torch.int32)}
+        if items[0]["document"] is not None:
+            rows[DOCUMENT] = torch.cat([item["document"][item["keep"]] for item in items])
+        return Batch(index, torch.tensor([item["target"] for item in items], dtype=torch.int64),
+                     {"input_ids": ids, "attention_mask": real.long()},
+                     layout=Positions(keep, rows), skipped=skipped)
+
+    def stored_positions(self, dataset: Sequences, selection: Selection) -> np.ndarray | None:
+        """The token rows each sample stores (None when read as it comes: not known before)."""
+        if isinstance(selection, OpenSelection):
+            return None
+        return dataset.stored_lengths(selection)
+
+    def bookkeeping(self, dataset: Sequences) -> dict[str, DatasetSpec]:
+        """None per sample: each token row's id and position (and, for packed windows, its
+        document) come with the batch's layout."""
+        return {}
+
+    def attrs(self, dataset: Sequences) -> dict:
+        return dataset.describe()
+
+    def count(self, batch: Batch) -> int:
+        return int(batch.layout.lengths.sum())
+
+    def units(self, dataset: Sequences, selection: Selection) -> int | None:
+        if isinstance(selection, OpenSelection):
+            return None
+        return int(dataset.stored_lengths(selection).sum()) if selection else 0
+
+    def describe(self, batch: Batch) -> str:
+        return f"{batch.layout.length} tokens"
+

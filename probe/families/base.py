@@ -1,0 +1,221 @@
+"""What a model family does, as four small protocols, and ``Family``: the plain behaviour of
+any nn.Module that maps a tensor to (N, classes) logits, which families override where theirs
+differs.
+
+    Builds        which family serves a model: ``recognizes``, ``specialise``, ``libraries``
+    Preprocesses  the data's preprocessing that the model expects: ``transform``, ``tokenizer``
+    FeedsAndReads a batch in, its row layout, the output read: ``place``, ``layout``,
+                  ``output_lengths``, ``forward``, ``logits``, ``objective``, ``example_batch``
+    Checks        data and layers the model cannot take: ``reads``, ``towers``, ``check``
+
+Every method is given the built model (in eval mode), except the preprocessing, which is
+found from the model's config alone (no model is built for it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from types import MappingProxyType
+from typing import Protocol
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from probe.config.schema import Reduce
+from probe.data.feed import Batch, DataKind, Feed
+from probe.data.layouts import RowLayout
+from probe.errors import ConfigError
+
+__all__ = ["Builds", "Preprocesses", "FeedsAndReads", "Checks", "Family", "first_tensor",
+           "graph_from", "top1", "target", "class_logits"]
+
+
+class Builds(Protocol):
+    name: str
+    # packages whose classes change only with the package's version (the file records the
+    # version, so the model fingerprint leaves their source out)
+    libraries: tuple[str, ...]
+
+    def recognizes(self, model: nn.Module) -> bool:
+        """Whether ``model`` (built by code outside the family, e.g. a user's model) is made of
+        this family's classes."""
+
+    def specialise(self, model: nn.Module) -> Family:
+        """The family that serves this built model, in one step: where one library's models
+        read different inputs (a Hugging Face checkpoint reads token ids, pixels or sound),
+        the one for this model's; ``self`` by default."""
+
+
+class Preprocesses(Protocol):
+    def transform(self, model_cfg: DictConfig) -> Callable | None:
+        """The evaluation preprocessing that the model was trained with (for
+        ``dataset.transform=auto``); None: the dataset's own default."""
+
+    def tokenizer(self, model_cfg: DictConfig) -> Callable | None:
+        """The model's own text tokenizer (for ``dataset.tokenizer=auto``), as a callable
+        (list of texts) -> (ids, attention mask), both (B, length) at one fixed length; None:
+        the model has none."""
+
+
+class FeedsAndReads(Protocol):
+    def place(self, model: nn.Module, device: torch.device, asked: str
+              ) -> tuple[nn.Module, torch.device]:
+        """The model on ``device``, and the device its inputs go to."""
+
+    def layout(self, model: nn.Module, batch: Batch) -> RowLayout:
+        """The row layout of the model's outputs for ``batch`` (probe.data.layouts): the
+        batch's own (its feed's) unless the model lays its positions out itself."""
+
+    def output_lengths(self, model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The model's own count of real output positions for real input lengths (a
+        strided stem's), which a feed of such data needs (``Feed.for_model``); None where the
+        outputs keep the input's positions."""
+
+    def forward(self, model: nn.Module, batch: Batch, *, input_grad: bool = False):
+        """The model's output for a batch on the device; with ``input_grad`` the autograd graph
+        starts at the input itself."""
+
+    def logits(self, output) -> torch.Tensor | None:
+        """The logits in the model's output, or None."""
+
+    def objective(self, name: str, model: nn.Module) -> Callable:
+        """The named objective as (output, batch) -> one value per sample.
+
+        Raises:
+            ConfigError: a name this model cannot give, saying what it needs.
+        """
+
+    def example_batch(self, model: nn.Module) -> Batch | None:
+        """A batch of the model's own making, for listing its layers without a dataset; None
+        where it needs data."""
+
+
+class Checks(Protocol):
+    reads: tuple[DataKind, ...]  # the kinds of data the model reads
+    # the model's towers, each by its top-level module names, where it has several that
+    # different data runs (a two-tower model's vision and text); empty otherwise
+    towers: Mapping[str, tuple[str, ...]]
+
+    def check(self, model: nn.Module, feed: Feed, reduces: Mapping[str, Reduce]) -> None:
+        """Refuse data that this model cannot read (``feed``: the dataset's), and layers that
+        this data does not run or whose reduce it cannot honour (``reduces``: each hooked
+        layer's).
+
+        Raises:
+            ConfigError: saying which data the model reads, or which layers the data runs.
+        """
+
+
+class Family:
+    """Any nn.Module that maps a tensor to (N, classes) logits; families override what differs
+    (see the module's docstring)."""
+
+    name = "torch"
+    libraries: tuple[str, ...] = ()
+    reads: tuple[DataKind, ...] = tuple(DataKind)
+    towers: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+
+    def recognizes(self, model: nn.Module) -> bool:
+        return False
+
+    def specialise(self, model: nn.Module) -> Family:
+        return self
+
+    def transform(self, model_cfg: DictConfig) -> Callable | None:
+        return None
+
+    def tokenizer(self, model_cfg: DictConfig) -> Callable | None:
+        return None
+
+    def place(self, model: nn.Module, device: torch.device, asked: str
+              ) -> tuple[nn.Module, torch.device]:
+        return model.to(device), device
+
+    def layout(self, model: nn.Module, batch: Batch) -> RowLayout:
+        return batch.layout
+
+    def output_lengths(self, model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        return None
+
+    def forward(self, model: nn.Module, batch: Batch, *, input_grad: bool = False):
+        inputs = batch.inputs
+        if input_grad:
+            inputs = inputs.requires_grad_()
+        return model(**inputs) if isinstance(inputs, dict) else model(inputs)
+
+    def logits(self, output) -> torch.Tensor | None:
+        return first_tensor(output)[0]
+
+    def objective(self, name: str, model: nn.Module) -> Callable:
+        if name == "nll":
+            raise ConfigError("objective=nll is a language model's next-token loss; this model "
+                              "gives class logits: use objective=top1 or target (nll needs "
+                              "model=transformers with dataset=text)")
+        if name not in ("top1", "target"):
+            raise ConfigError(f"objective={name!r} is unknown; use top1, target, or a config "
+                              "with a _target_ callable (logits, targets) -> one value per "
+                              "sample")
+        function = top1 if name == "top1" else target
+        return lambda output, batch: function(class_logits(self.logits(output)), batch.target)
+
+    def example_batch(self, model: nn.Module) -> Batch | None:
+        return None
+
+    def check(self, model: nn.Module, feed: Feed, reduces: Mapping[str, Reduce]) -> None:
+        pass
+
+
+def first_tensor(value) -> tuple[torch.Tensor | None, int | None]:
+    """The first tensor of a module's output or input (what a hook stores, and a plain model's
+    logits), and its position in a tuple (None when the value is a tensor itself)."""
+    if isinstance(value, torch.Tensor):
+        return value, None
+    if isinstance(value, (tuple, list)):
+        for position, item in enumerate(value):
+            if isinstance(item, torch.Tensor):
+                return item, position
+    return None, None
+
+
+@contextmanager
+def graph_from(module: nn.Module | None, active: bool = True) -> Iterator[None]:
+    """While the block runs (and ``active``), ``module``'s output is a fresh leaf that requires
+    grad, so the autograd graph starts there: token ids have no gradient, the embeddings that
+    look them up do. Nothing is done for no module."""
+    handle = module.register_forward_hook(_leaf) if active and module is not None else None
+    try:
+        yield
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def _leaf(module: nn.Module, args, output: torch.Tensor) -> torch.Tensor:
+    return output.detach().requires_grad_()
+
+
+def top1(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The logit of each sample's predicted class."""
+    return logits.gather(1, logits.argmax(1, keepdim=True)).squeeze(1)
+
+
+def target(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The logit of each sample's target class (the dataset's label)."""
+    return logits.gather(1, targets.to(logits.device).view(-1, 1)).squeeze(1)
+
+
+def class_logits(logits: torch.Tensor | None) -> torch.Tensor:
+    """``logits`` checked to be (batch, classes).
+
+    Raises:
+        ConfigError: they are not.
+    """
+    if logits is None or logits.dim() != 2:
+        shape = None if logits is None else tuple(logits.shape)
+        raise ConfigError(
+            f"the objective needs the model's output as (batch, classes) logits, got {shape}; "
+            "use a classification model or an objective _target_ that reads this output"
+        )
+    return logits

@@ -1,0 +1,190 @@
+"""The file format, in one place: dataset names, attribute names, and the rules that make a file
+complete, partial, or the run of a given config. The store writes by it; the reader, merge, fit
+and gradcam read by it. A reader without this package needs only the layout in DESIGN.md:
+
+    /                 attrs: config (resolved YAML), probe_version, torch_version, created,
+                             complete, num_samples, num_committed, layers, hooks, shard_*, ...
+    /index (N,)       int64 dataset index of each row
+    /target (N,)      int64 the dataset's target, where it has one
+    /<layer>/<kind>   (N, *S) attrs: layer, hook, kind, reduce, dtype
+    text runs:
+    /offsets (N+1,)   int64 sample i's token rows are offsets[i]:offsets[i+1]
+    /input_ids (T,)   the token id of each stored token position
+    /positions (T,)   its position in the sample (special tokens left out leave gaps)
+    /document (T,)    with packing: the dataset index of the document it comes from
+    /<layer>/<kind>   (T, *S) with tokens=all (attr rows=token), else (N, *S)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from probe.config.schema import HOOK_OF_KIND, Hook
+
+__all__ = [
+    "INDEX", "TARGET", "OFFSETS", "INPUT_IDS", "POSITIONS", "DOCUMENT", "FILE", "SKIPPED",
+    "CAPTION", "TRANSCRIPT",
+    "ROWS_PER_POSITION", "Hook", "HOOK_OF_KIND", "Attr",
+    "DatasetSpec", "FileState", "dataset_key", "split_key", "call_key", "parse_kind",
+    "dataset_names", "partial_path", "creating_path", "read_state",
+]
+
+INDEX = "index"
+TARGET = "target"
+OFFSETS = "offsets"
+INPUT_IDS = "input_ids"
+POSITIONS = "positions"
+DOCUMENT = "document"
+FILE = "file"  # each row's file, relative to the dataset's root (file-backed datasets)
+SKIPPED = "skipped"  # the dataset indices that dataset.on_error=skip left out
+CAPTION = "caption"  # each image-text pair's caption
+TRANSCRIPT = "transcript"  # each clip's text, where the dataset has a transcript column
+ROWS_PER_POSITION = "token"  # the rows attr of a dataset with one row per stored position
+
+
+class Attr:
+    """Attribute names of the root group and of each layer dataset."""
+
+    # root
+    CONFIG = "config"
+    COMPLETE = "complete"
+    NUM_SAMPLES = "num_samples"
+    NUM_COMMITTED = "num_committed"
+    NUM_SKIPPED = "num_skipped"  # left-out samples (dataset.on_error=skip) a commit vouches for
+    LAYERS = "layers"
+    HOOKS = "hooks"
+    OBJECTIVE = "objective"
+    SHARD_INDEX = "shard_index"
+    SHARD_COUNT = "shard_count"
+    MERGED_FROM = "merged_from"
+    MERGED_ORDER = "merged_order"  # "dataset", or "shards" (text runs: shard after shard)
+    DATA_FINGERPRINT = "data_fingerprint"
+    MODEL_FINGERPRINT = "model_fingerprint"
+    TOKENS = "tokens"  # how token layouts became rows: all, first, last, mean, patches
+    # each "<layer>/<kind>" dataset
+    LAYER = "layer"
+    HOOK = "hook"
+    KIND = "kind"
+    REDUCE = "reduce"
+    DTYPE = "dtype"
+    TUPLE_POSITION = "tuple_position"
+    CALL = "call"  # which run of a module that runs several times per forward pass (from 0)
+    ROWS = "rows"  # "token" for a dataset with one row per stored token (else one per sample)
+    KEYWORD = "keyword"  # the input was given by this keyword (Llama's hidden_states=...)
+    DIMS = "dims"  # the name of each axis: ["sample", "channel", "height", "width"], ...
+    CLASSES = "classes"  # root: the class names of a file-backed dataset, by target
+
+
+def dataset_key(layer: str, kind: str) -> str:
+    """The dataset that holds ``kind`` of ``layer``: ``"<layer>/<kind>"``."""
+    return f"{layer}/{kind}"
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``"<layer>/<kind>"`` as (layer, kind); layer names may hold dots but never a slash."""
+    layer, _, kind = key.rpartition("/")
+    return layer, kind
+
+
+def call_key(layer: str, kind: str, call: int = 0) -> str:
+    """The dataset of a module's ``call``-th run in one forward pass (counting from 0):
+    ``<layer>/<kind>`` for the first, ``<layer>/<kind>_1``, ``_2``, ... for later ones."""
+    return dataset_key(layer, kind) + (f"_{call}" if call else "")
+
+
+def parse_kind(kind: str) -> tuple[str, int]:
+    """``output_1`` as (``output``, 1); a kind without a call suffix is call 0."""
+    base, _, call = kind.rpartition("_")
+    if kind not in HOOK_OF_KIND and base in HOOK_OF_KIND and call.isdigit():
+        return base, int(call)
+    return kind, 0
+
+
+def dataset_names(group: h5py.Group) -> list[str]:
+    """The path of every dataset in a file (or group), at any depth, in HDF5's order."""
+    names: list[str] = []
+    group.visititems(lambda name, obj: names.append(name)
+                     if isinstance(obj, h5py.Dataset) else None)
+    return names
+
+
+def partial_path(path: str | Path) -> Path:
+    """Where a run keeps its file until it is complete: ``<path>.partial``."""
+    path = Path(path)
+    return path.with_name(path.name + ".partial")
+
+
+def creating_path(path: str | Path) -> Path:
+    """Where a run makes its partial file before it holds anything: ``<path>.partial.new``,
+    renamed to ``<path>.partial`` once complete in itself."""
+    path = Path(path)
+    return path.with_name(path.name + ".partial.new")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A dataset the store creates before the first row: the shape and type of one row, and
+    the attrs that say what it holds."""
+
+    row_shape: tuple[int, ...]
+    dtype: str
+    attrs: dict = field(default_factory=dict)
+    compressible: bool = True  # index and target stay unfiltered, like the rows' bookkeeping
+    per_position: bool = False  # one row per stored position (token) instead of per sample
+
+    @property
+    def stored_dtype(self) -> np.dtype:
+        """The HDF5 type: bfloat16, which HDF5 lacks, as its raw 16 bits; text as UTF-8."""
+        if self.dtype == "str":
+            return h5py.string_dtype()
+        return np.dtype("uint16" if self.dtype == "bfloat16" else self.dtype)
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes a row takes on disk (text: a guess of a file path's length)."""
+        itemsize = 64 if self.dtype == "str" else self.stored_dtype.itemsize
+        return itemsize * math.prod(self.row_shape)
+
+
+@dataclass(frozen=True)
+class FileState:
+    """What the root attrs of a probe file say about its run."""
+
+    path: Path
+    config: str
+    complete: bool
+    num_samples: int
+    num_committed: int
+    attrs: dict
+
+    @property
+    def readable_rows(self) -> int:
+        """Rows a reader may use: all of them once complete, else the committed ones."""
+        return self.num_samples if self.complete else self.num_committed
+
+    def progress(self) -> str:
+        total = "an unknown number of" if self.num_samples < 0 else self.num_samples
+        return f"{self.num_committed} of {total} rows"
+
+
+def read_state(f: h5py.File, path: str | Path | None = None) -> FileState:
+    """The state of an open probe file.
+
+    Raises:
+        KeyError: the file lacks the attrs every probe file has (it is not one).
+    """
+    attrs = dict(f.attrs)
+    if Attr.CONFIG not in attrs or Attr.NUM_SAMPLES not in attrs:
+        missing = Attr.CONFIG if Attr.CONFIG not in attrs else Attr.NUM_SAMPLES
+        raise KeyError(f"it has no {missing!r} attribute")
+    return FileState(path=Path(path if path is not None else f.filename),
+                     config=str(attrs[Attr.CONFIG]),
+                     complete=bool(attrs.get(Attr.COMPLETE, False)),
+                     num_samples=int(attrs[Attr.NUM_SAMPLES]),
+                     num_committed=int(attrs.get(Attr.NUM_COMMITTED, 0)),
+                     attrs=attrs)

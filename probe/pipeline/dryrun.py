@@ -1,0 +1,130 @@
+"""The dry run: one sample through the model, forward only, with hooks of its own, before any
+file exists.
+
+It finds the shape of every captured tensor, how often each hooked module runs per forward
+pass, which captured tensors follow the batch's row layout (probe.data.layouts: their second
+axis is the layout's positions in every dry batch), layers that do not run, and a model that
+fails on the data, which it reports in one line naming the module.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from probe.data.feed import Batch
+from probe.data.layouts import SAMPLE_ROWS, RowLayout
+from probe.errors import ConfigError, ProbeError
+from probe.file.format import call_key, parse_kind, split_key
+from probe.pipeline.hooks import Capture, StopForward
+
+__all__ = ["DryRun", "dry_run"]
+
+# the forward hook whose value has the shape of each kind (gradients have their tensor's shape)
+_SHAPE_SOURCE = {"output": "forward", "grad_output": "forward", "input": "forward_pre",
+                 "grad_input": "forward_pre"}
+
+
+@dataclass
+class DryRun:
+    """What one sample showed about each key the capture fills."""
+
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # batch axis first
+    follows: set[str] = field(default_factory=set)  # keys whose tensors follow the layout
+    layout: RowLayout = SAMPLE_ROWS  # the first dry batch's row layout
+
+    @property
+    def plain(self) -> list[str]:
+        """The keys that follow no layout: stored a row per sample."""
+        return [key for key in self.shapes if key not in self.follows]
+
+
+def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.device,
+            objective=None) -> DryRun:
+    """The raw shape of every key ``capture`` fills, from ``batches`` (one sample each; a feed
+    of sequences gives two of different lengths). Sets ``capture.calls`` (how often each
+    hooked module runs per forward pass) and ``capture.tuple_positions``. ``objective``, for
+    a gradient run, is checked on the model's output.
+
+    Raises:
+        ConfigError: a layer that does not run, a model that fails on the sample (naming the
+            module), an objective that does not fit the output.
+    """
+    kinds = sorted({_SHAPE_SOURCE[hook.kind] for hook in capture.hooks})
+    shapes: list[dict[str, tuple[int, ...]]] = []
+    layouts: list[RowLayout] = []
+    for n, batch in enumerate(batches):
+        # The first pass runs the whole model and counts how often each hooked module runs;
+        # later ones only need the hooked modules' shapes.
+        dry = Capture(capture.model, capture.layers, kinds, dtype=capture.dtype,
+                      stop_early=n > 0, calls=capture.calls if n > 0 else None)
+        if n > 0:
+            dry.arm()
+        on_device = batch.to(device)
+        layouts.append(family.layout(capture.model, on_device))
+        if n == 0:  # what the layout cannot store says so before the model fails on it
+            layouts[0].check([], gradients=objective is not None)
+        with dry, torch.inference_mode(), suppress(StopForward):
+            output = _forward(family, feed, capture.model, on_device)
+            if objective is not None and n == 0:
+                objective(output, on_device)
+        shapes.append({key: tuple(value.shape) for key, value in dry.take().items()})
+        if n == 0:
+            capture.calls = dry.calls
+            capture.tuple_positions.update(dry.tuple_positions)
+    found = DryRun(layout=layouts[0])
+    for key in capture.keys:
+        layer, kind = split_key(key)
+        kind, call = parse_kind(kind)
+        source = call_key(layer, kind.removeprefix("grad_"), call)
+        found.shapes[key] = shapes[0][source]
+        if source in capture.tuple_positions:
+            capture.tuple_positions[key] = capture.tuple_positions[source]
+        # an axis that follows the layout in every dry batch (whose lengths differ) is its own
+        if all(layout.follows(s[source]) for s, layout in zip(shapes, layouts, strict=True)):
+            found.follows.add(key)
+    return found
+
+
+def _forward(family, feed, model: nn.Module, batch: Batch):
+    with _failing_module(model) as running:
+        try:
+            return family.forward(model, batch)
+        except (ProbeError, StopForward):
+            raise
+        except Exception as err:  # the model's own error: say where, in one line
+            name = running[-1] if running else "the model"
+            kind = type(dict(model.named_modules())[name]).__name__ if running else ""
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise ConfigError(
+                f"the model fails on one sample of {feed.describe(batch)} in {name}"
+                f"{f' ({kind})' if kind else ''}: {reason}; check that the inputs suit the "
+                f"model ({feed.hint})"
+            ) from None
+
+
+@contextmanager
+def _failing_module(model: nn.Module):
+    """The names of the modules running right now, innermost last: after an exception in the
+    forward pass, the module that raised it is the last one."""
+    running: list[str] = []
+
+    def enter(name: str) -> None:
+        running.append(name)
+
+    def leave() -> None:  # returns None: a forward hook's result would replace the output
+        running.pop()
+
+    handles = []
+    for name, module in model.named_modules():
+        if name:
+            handles.append(module.register_forward_pre_hook(lambda *_, n=name: enter(n)))
+            handles.append(module.register_forward_hook(lambda *_: leave()))
+    try:
+        yield running
+    finally:
+        for handle in reversed(handles):
+            handle.remove()

@@ -1,0 +1,281 @@
+"""The runner: from a composed config to a finished HDF5 file.
+
+``run(cfg)`` is ``execute(plan(cfg))``: the plan decides everything that can fail before a file
+exists (probe.pipeline.plan); the execution feeds each batch's captures to a writer thread and the
+store. The hooks are removed whether the run ends or fails.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+from tqdm import tqdm
+
+from probe.errors import OutputError, RunStopped
+from probe.file.format import partial_path
+from probe.file.output import WriterLock, existing_run
+from probe.file.partial import recover
+from probe.file.sizes import human_bytes
+from probe.file.store import Store
+from probe.file.writer import BackgroundWriter, WriteFailed
+from probe.pipeline.hooks import StopForward
+from probe.pipeline.plan import Plan, plan
+
+__all__ = ["run", "execute", "StopRequest"]
+
+log = logging.getLogger(__name__)
+
+
+def run(cfg: DictConfig) -> Path:
+    """Run the pipeline that ``cfg`` describes; return the path of the finished file.
+
+    Re-running a config whose file is complete does nothing; a run stopped part-way (a crash,
+    SIGKILL, SIGINT, SIGTERM) resumes after its last committed rows.
+
+    Raises:
+        ProbeError: a config value, file or device that cannot work (nothing is written), or
+            ``RunStopped`` when a signal stopped the run (the committed rows are kept).
+    """
+    return execute(plan(cfg))
+
+
+class StopRequest:
+    """A request to stop at the next batch boundary: set by SIGINT or SIGTERM while a run
+    executes (or SIGUSR2, where a job scheduler's handler waits for it), or by a caller that
+    wants a run to stop (``signum`` names the reason). ``hand_on`` is the handler that had the
+    signal before the run: it gets the signal once the run has stopped and committed."""
+
+    def __init__(self, signum: int | None = None):
+        self.signum = signum
+        self.hand_on = None
+
+    def __bool__(self) -> bool:
+        return self.signum is not None
+
+
+def execute(plan: Plan, *, stop: StopRequest | None = None) -> Path:
+    """Carry out a plan: write every remaining row into the store; return the file's path.
+
+    Raises:
+        RunStopped: SIGINT, SIGTERM or ``stop`` ended the run at a batch boundary; the rows
+            written so far are committed.
+    """
+    locking = plan.locking
+    if plan.done:
+        if plan.renamed_only:
+            with WriterLock(plan.path, locking):
+                recover(partial_path(plan.path))  # its writer was killed with it open
+                os.replace(partial_path(plan.path), plan.path)
+        return plan.path
+    with WriterLock(plan.path, locking):
+        if not _still_as_planned(plan):
+            return plan.path
+        return _write(plan, stop if stop is not None else StopRequest())
+
+
+def _still_as_planned(plan: Plan) -> bool:
+    """Whether the output is as the plan found it, now that this process holds the lock (a run
+    that finished meanwhile makes this one unnecessary; one that wrote rows, wrong)."""
+    if plan.config.output.overwrite:
+        existing_run(plan.path, plan.config_yaml, plan.locking, overwrite=True)
+        partial_path(plan.path).unlink(missing_ok=True)
+        return True
+    found = existing_run(plan.path, plan.config_yaml, plan.locking)
+    if found is not None and found.complete:
+        log.info("%s was completed by another run meanwhile; nothing to do", plan.path)
+        return False
+    if (0 if found is None else found.num_committed) != plan.committed:
+        raise OutputError(f"{str(plan.path)!r} changed since this run was planned (another run "
+                          "wrote to it); run the command again")
+    return True
+
+
+def _write(plan: Plan, stop: StopRequest) -> Path:
+    out, capture = plan.config.output, plan.capture
+    started = time.perf_counter()
+    loader = plan.feed.loader(plan.dataset, plan.selection[plan.resume_from:], plan.batching)
+    store = None
+    try:
+        # signals stop the run from here on, at the next batch boundary (or before the first)
+        with _stop_signals(stop):
+            store = Store(plan.path, config_yaml=plan.config_yaml,
+                          num_rows=plan.num_rows, datasets=plan.datasets,
+                          has_target=plan.has_target, per_position=plan.per_position,
+                          num_positions=plan.num_positions, resume_from=plan.resume_rows,
+                          resume_skipped=plan.resume_skipped, filters=plan.filters,
+                          attrs=plan.attrs, locking=plan.locking)
+            with store, BackgroundWriter(store, commit_every_batches=out.commit_every,
+                                         commit_every_seconds=out.commit_seconds) as writer:
+                with capture, _frozen_parameters(plan.model, capture.needs_grad):
+                    units = _loop(plan, loader, writer, stop)
+                writer.close()
+                store.finish()
+    except _Stopped:
+        of = "" if plan.num_rows is None else f" of {plan.num_rows}"
+        saved = (f"with {store.num_committed}{of} rows saved in {store.partial}; run the same "
+                 "command again to resume" if store is not None and store.partial.exists() else
+                 "before any rows were saved; run the same command again to start")
+        message = f"stopped by {signal.Signals(stop.signum).name} {saved}"
+        if stop.hand_on is not None:  # a scheduler's handler: it requeues the job, or says why not
+            log.warning("%s", message)
+            try:
+                stop.hand_on(stop.signum, None)
+            except Exception as err:  # not requeued (out of time limits): the scheduler's error
+                log.warning("the job was not requeued (%s); launch the same command again to "
+                            "resume after the %d rows saved", err, store.num_committed)
+                raise
+        raise RunStopped(message, exit_code=128 + int(stop.signum)) from None
+    except (OSError, RuntimeError, WriteFailed) as err:
+        if _disk_full(err):
+            raise _disk_full_error(plan, store) from None
+        if not isinstance(err, WriteFailed):
+            raise
+        raise _write_error(plan, store, err.__cause__) from None
+    seconds = time.perf_counter() - started
+    log.info("wrote %d rows (%s) in %.1f s: %.3g %s/s, %s/s, to %s",
+             store.num_written - plan.resume_rows, human_bytes(store.bytes_written), seconds,
+             units / seconds, plan.feed.unit, human_bytes(store.bytes_written / seconds),
+             plan.path)
+    return plan.path
+
+
+def _disk_full(err: BaseException | None) -> bool:
+    """Whether ``err``, or an error that led to it, says that the disk is full."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "errno = 28," in str(err) or "No space left on device" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _write_error(plan: Plan, store: Store, err: BaseException) -> OutputError:
+    said = (str(err).strip().splitlines() or [""])[0]
+    return OutputError(f"writing {str(store.partial)!r} failed ({type(err).__name__}: {said}): "
+                       f"{store.num_committed} rows are saved there; once the cause is gone, run "
+                       "the same command again to continue")
+
+
+def _disk_full_error(plan: Plan, store: Store | None) -> OutputError:
+    free = human_bytes(shutil.disk_usage(plan.path.parent).free)
+    wrote = "" if store is None else f" after writing {human_bytes(store.bytes_written)}"
+    saved = plan.resume_rows if store is None else store.num_committed
+    of = "" if plan.num_rows is None else f" of {plan.num_rows}"
+    kept = (f"{saved}{of} rows are saved in {partial_path(plan.path).name}; free space, then run "
+            "the same command again to continue" if saved else
+            "no rows were saved yet; free space, then run the same command again")
+    return OutputError(f"the disk that holds {str(plan.path.parent)!r} is full ({free} free)"
+                       f"{wrote}: {kept}")
+
+
+def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> int:
+    """The main loop: one forward (and backward) per batch, captures handed to the writer.
+    Returns the units of progress (samples, or positions) it computed."""
+    model, capture, family, feed = plan.model, plan.capture, plan.family, plan.feed
+    total = feed.units(plan.dataset, plan.selection)  # None where not known before the end
+    done = (0 if total is None else
+            feed.units(plan.dataset, plan.selection[:plan.resume_from]))
+    units = 0
+    if stop:  # a signal came while the file was being opened
+        raise _Stopped
+    with tqdm(total=total, initial=done, unit=feed.unit, unit_scale=True, dynamic_ncols=True,
+              mininterval=1.0, desc="probe") as bar:
+        for batch in loader:
+            values, lengths = {}, None  # every sample of a batch may have been left out
+            if len(batch):
+                on_device = batch.to(plan.device)
+                layout = family.layout(model, on_device)
+                capture.layout = layout
+                _compute(plan, on_device)
+                values = {**capture.take(), **layout.bookkeeping_rows, **batch.sample_rows}
+                lengths = layout.lengths
+            writer.put(batch.index, batch.target, values, ready=capture.copied,
+                       lengths=lengths, ends_group=batch.ends_group, skipped=batch.skipped)
+            units += feed.count(batch) if len(batch) else 0
+            bar.update(feed.count(batch) if len(batch) else 0)
+            bar.set_postfix_str(f"{human_bytes(writer.store.bytes_written)} written",
+                                refresh=False)
+            if stop:
+                raise _Stopped
+    return units
+
+
+def _compute(plan: Plan, batch) -> None:
+    """One forward pass (and the backward pass of a gradient run) on a batch on the device."""
+    model, capture, family = plan.model, plan.capture, plan.family
+    if capture.needs_grad:
+        # parameters are frozen: the graph starts at the hooked modules (or at the input,
+        # when gradients at a module's input are asked for)
+        with torch.enable_grad():
+            output = family.forward(model, batch, input_grad=capture.wants_input_grad)
+            capture.backward(plan.objective(output, batch).sum())
+    else:
+        # StopForward: every hooked module has run, the rest of the model is not needed
+        with torch.inference_mode(), suppress(StopForward):
+            family.forward(model, batch)
+
+
+class _Stopped(Exception):
+    pass
+
+
+@contextmanager
+def _stop_signals(stop: StopRequest):
+    """SIGINT and SIGTERM (Ctrl-C; SLURM before preemption or the time limit) ask the loop to
+    stop at the next batch boundary; so does SIGUSR2 where a handler of Python code waits for
+    it (submitit's, which requeues a job that is preempted or reaches its time limit): that
+    handler then gets the signal, after the commit. A second signal acts as it would without
+    probe."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    previous: dict[int, object] = {}
+
+    def handler(signum, frame):
+        stop.signum = signum
+        signal.signal(signum, previous[signum])
+        if callable(previous[signum]) and previous[signum] is not signal.default_int_handler:
+            stop.hand_on = previous[signum]
+        log.warning("%s received: stopping after this batch", signal.Signals(signum).name)
+
+    signals = [signal.SIGINT, signal.SIGTERM]
+    usr2 = getattr(signal, "SIGUSR2", None)
+    if usr2 is not None and callable(signal.getsignal(usr2)):
+        signals.append(usr2)
+    for signum in signals:
+        previous[signum] = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+@contextmanager
+def _frozen_parameters(model: nn.Module, active: bool):
+    """Parameters stop requiring grad for the block (no weight gradients are built or
+    accumulated); their flags are restored afterwards."""
+    if not active:
+        yield
+        return
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+

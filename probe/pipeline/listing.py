@@ -1,0 +1,106 @@
+"""What ``python -m probe.layers`` lists: every module of a model, with the shape it stores for
+one sample (one token, for rows per token) and the bytes that sample (token) adds to a file,
+made by the same per-key transform as a run's (probe.pipeline.keys); the row layout in words,
+and a two-tower model's tower of each module.
+
+    notes, rows = layer_table(cfg)    # rows[0] is the header
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from probe.config.checks import read_config
+from probe.config.schema import Reduce, Tokens
+from probe.data.feed import Batch
+from probe.data.tensors import feed_for
+from probe.errors import ConfigError
+from probe.families.base import Family
+from probe.families.registry import family_for
+from probe.families.towers import tower_of
+from probe.file.sizes import human_bytes
+from probe.pipeline.build import build_dataset, build_model
+from probe.pipeline.device import resolve_device
+from probe.pipeline.keys import key_transform
+from probe.pipeline.modules import LayerInfo, describe_layers
+from probe.pipeline.reduce import resolve_reduces
+
+__all__ = ["layer_table"]
+
+
+def layer_table(cfg: DictConfig) -> tuple[list[str], list[tuple[str, ...]]]:
+    """Lines about the row layout, and rows of (name, type, stored shape, bytes per sample or
+    per token, and for a two-tower model its tower), a header first.
+
+    A model that reads other data than the config's dataset (a language model and the default
+    images, a 32 px ViT and 224 px images), or a two-tower model (both towers shown), is shown
+    on a batch of its family's own making.
+
+    Raises:
+        ProbeError: a model, dataset or reduce that cannot work.
+    """
+    config = read_config(cfg)
+    model = build_model(cfg)
+    family = family_for(cfg.model, model)
+    model, device = family.place(model, resolve_device(config.device), config.device)
+    batch = family.example_batch(model) if family.towers else _first_sample(cfg, family, model)
+    try:
+        layout, infos = _described(family, model, batch, device)
+    except (RuntimeError, ValueError):  # the data does not suit it (224 px for a 32 px ViT)
+        batch = family.example_batch(model)
+        if batch is None:
+            raise
+        layout, infos = _described(family, model, batch, device)
+    reduces = resolve_reduces([info.name for info in infos], config.reduce,
+                              config.reduce_by_layer)
+    itemsize = config.output.dtype.torch.itemsize
+    per_token = layout.lengths is not None and config.tokens is Tokens.all
+    towers = family.towers
+    rows = [("name", "type", "output shape", f"bytes/{'tok' if per_token else 'sample'}",
+             *(("tower",) if towers else ()))]
+    for info in infos:
+        tower = (tower_of(info.name, towers) or "both",) if towers else ()
+        if info.shape is None:
+            rows.append((info.name, info.type, "(not run)", "-", *tower))
+            continue
+        shape = _stored_shape(info, layout, config.tokens, reduces[info.name])
+        note = f" x{info.calls} calls" if info.calls > 1 else ""
+        rows.append((info.name, info.type, f"{shape}{note}",
+                     human_bytes(itemsize * math.prod(shape)), *tower))
+    described = layout.describe()
+    return ([described] if described else []), rows
+
+
+def _first_sample(cfg: DictConfig, family: Family, model: nn.Module) -> Batch:
+    # the config's first sample, or the family's own batch where the model cannot read it
+    dataset = build_dataset(cfg)
+    feed = feed_for(dataset)
+    try:
+        family.check(model, feed, {})
+        return feed.for_model(family.output_lengths(model)).dry_batches(dataset, 0)[0]
+    except ConfigError:
+        batch = family.example_batch(model)
+        if batch is None:
+            raise
+        return batch
+
+
+def _described(family: Family, model: nn.Module, batch: Batch, device: torch.device):
+    on_device = batch.to(device)
+    layout = family.layout(model, on_device)
+    return layout, describe_layers(model, lambda: family.forward(model, on_device))
+
+
+def _stored_shape(info: LayerInfo, layout, tokens: Tokens, reduce: Reduce) -> tuple[int, ...]:
+    raw = (1, *info.shape)
+    key = f"{info.name}/output"
+    try:
+        transform = key_transform(key, raw, reduce=reduce, layout=layout,
+                                  follows=layout.follows(raw), pool=tokens)
+    except ConfigError:  # a reduce this layer refuses: shown as it would be captured
+        transform = key_transform(key, raw, reduce=reduce)
+    return transform.row_shape

@@ -1,0 +1,109 @@
+"""Layer names: resolve dotted paths and globs to modules, and list what a model offers.
+
+``resolve_layers`` turns the config's ``layers`` into module names, or fails naming the pattern,
+the closest real names and how to list them all. ``describe_layers`` runs one forward pass and
+reports every module's output shape and how often it ran; ``python -m probe.layers model=...``
+prints it with the bytes each sample (or token) adds to a file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from probe.errors import ConfigError
+from probe.families.base import first_tensor
+
+__all__ = ["resolve_layers", "match_layers", "is_glob", "describe_layers", "LayerInfo"]
+
+_GLOB_CHARS = set("*?[")
+
+
+def resolve_layers(model: nn.Module, patterns: Iterable[str]) -> list[str]:
+    """Module names matching ``patterns``, in the model's module order, without repeats.
+
+    A pattern is a name as ``model.named_modules()`` gives it (``features.28``) or a shell-style
+    glob over those names (``features.2*``, ``layer4.*``).
+
+    Raises:
+        ConfigError: no patterns, or a pattern that matches no module.
+    """
+    patterns = [str(p) for p in patterns]
+    if not patterns:
+        raise ConfigError(
+            "layers is empty; name at least one module, e.g. 'layers=[features.28]' "
+            "(python -m probe.layers model=<model> lists them)"
+        )
+    names = [name for name, _ in model.named_modules() if name]
+    chosen: set[str] = set()
+    for pattern in patterns:
+        hits = match_layers(names, pattern)
+        if not hits:
+            raise ConfigError(_unknown_layer_message(pattern, names))
+        chosen.update(hits)
+    return [name for name in names if name in chosen]
+
+
+def match_layers(names: Iterable[str], pattern: str) -> list[str]:
+    """The names equal to ``pattern``, or matching it as a shell-style glob, in order."""
+    glob = is_glob(pattern)
+    return [name for name in names
+            if name == pattern or (glob and fnmatch.fnmatchcase(name, pattern))]
+
+
+def is_glob(pattern: str) -> bool:
+    """Whether ``pattern`` holds a glob character (``*``, ``?`` or ``[``)."""
+    return bool(_GLOB_CHARS & set(pattern))
+
+
+def _unknown_layer_message(pattern: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(pattern, names, n=5, cutoff=0.5)
+    hint = f" Closest: {', '.join(close)}." if close else ""
+    return (
+        f"layer {pattern!r} matches no module of the model.{hint} "
+        "List them all with: python -m probe.layers model=<your model>"
+    )
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """One module as one sample sees it."""
+
+    name: str
+    type: str
+    shape: tuple[int, ...] | None  # output shape for one sample; None when the module did not run
+    calls: int  # how often the module ran in one forward pass
+
+
+def describe_layers(model: nn.Module, forward: Callable[[], object]) -> list[LayerInfo]:
+    """Every named module with its output shape (no batch axis) in the forward pass that
+    ``forward()`` makes, typically on one sample.
+
+    The model's mode is untouched and every hook is removed before returning.
+    """
+    shapes: dict[str, tuple[int, ...]] = {}
+    calls: dict[str, int] = {}
+
+    def record(name):
+        def hook(module, args, output):
+            calls[name] = calls.get(name, 0) + 1
+            tensor, _ = first_tensor(output)
+            if tensor is not None and name not in shapes:
+                shapes[name] = tuple(tensor.shape[1:])
+        return hook
+
+    modules = [(name, module) for name, module in model.named_modules() if name]
+    handles = [module.register_forward_hook(record(name)) for name, module in modules]
+    try:
+        with torch.inference_mode():
+            forward()
+    finally:
+        for handle in reversed(handles):
+            handle.remove()
+    return [LayerInfo(name, type(module).__name__, shapes.get(name), calls.get(name, 0))
+            for name, module in modules]

@@ -1,0 +1,344 @@
+"""The plan of a run: everything that can fail is decided here, before a file exists.
+
+``plan(cfg)`` reads the config once (probe.config.checks), finds what the output path already
+holds, builds the model and the dataset, looks up the model's family and the data's feed,
+resolves the layers and runs one sample through the model (the dry run) to learn how every
+stored key is made and how large it is. ``probe.pipeline.execute`` then carries the plan out.
+Tests and benchmarks pass their own model or dataset::
+
+    p = plan(cfg, model=my_model, dataset=my_data)
+    execute(p)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from torch.utils.data import Dataset
+
+from probe.config.checks import read_config
+from probe.config.schema import ProbeConfig, Subset
+from probe.data.feed import Batching, Feed
+from probe.data.selection import OpenSelection, Selection, check_selection, select_indices
+from probe.data.tensors import feed_for
+from probe.errors import ConfigError, DataError, OutputError
+from probe.families.base import Family
+from probe.families.registry import family_for
+from probe.file.format import INDEX, SKIPPED, Attr, DatasetSpec, FileState
+from probe.file.output import (
+    WriterLock,
+    check_free_space,
+    check_writable,
+    existing_run,
+    file_locking,
+    output_path,
+)
+from probe.file.partial import open_for_reading
+from probe.file.sizes import human_bytes
+from probe.file.store import filter_options
+from probe.pipeline.build import build_dataset, build_model
+from probe.pipeline.device import resolve_device
+from probe.pipeline.dryrun import DryRun, dry_run
+from probe.pipeline.fingerprint import (
+    changes,
+    data_fingerprint,
+    dumps,
+    library_versions,
+    loads,
+    model_fingerprint,
+)
+from probe.pipeline.hooks import Capture
+from probe.pipeline.keys import transforms_for
+from probe.pipeline.modules import is_glob, match_layers
+from probe.pipeline.objectives import Objective, make_objective
+
+__all__ = ["Plan", "plan"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Plan:
+    """A run, decided: where it writes, from which sample, what it computes and stores.
+
+    ``done`` plans (the finished file is there already) carry no model.
+    """
+
+    config: ProbeConfig  # typed, as read once (probe.config.checks)
+    config_yaml: str  # the resolved config, as the file records it
+    path: Path
+    locking: bool | str | None  # HDF5 file locking (output.file_locking)
+    # where the samples resume: the selection's first ``resume_from`` are in the file already,
+    # as ``resume_rows`` rows and ``resume_skipped`` samples left out; None: the file is
+    # complete already, and there is nothing to do
+    resume_from: int | None
+    resume_rows: int = 0
+    resume_skipped: int = 0
+    committed: int = 0  # the rows the partial file held when planned
+    # a complete file still under its partial name (its run was killed just before the rename)
+    renamed_only: bool = False
+    filters: dict = field(default_factory=dict)  # HDF5 filter options (probe.file.store)
+    device: torch.device | None = None
+    model: nn.Module | None = None
+    family: Family | None = None  # what the model needs (probe.families)
+    dataset: Dataset | None = None
+    feed: Feed | None = None  # how the dataset's items reach the model (probe.data.feed)
+    batching: Batching | None = None
+    selection: Selection = field(default_factory=list)  # the samples this job takes, in order
+    has_target: bool = False
+    objective: Objective | None = None
+    capture: Capture | None = None
+    datasets: dict[str, DatasetSpec] = field(default_factory=dict)
+    attrs: dict = field(default_factory=dict)
+    num_positions: int | None = None  # rows per position in all, where the run stores those
+    dry_run_seconds: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.resume_from is None
+
+    @property
+    def num_rows(self) -> int | None:
+        """The rows this job stores (None where that is not known before it ends: an open
+        selection, or samples that may be left out)."""
+        if isinstance(self.selection, OpenSelection) or self.config.skip_bad:
+            return None
+        return len(self.selection)
+
+    @property
+    def per_position(self) -> bool:
+        return any(spec.per_position for spec in self.datasets.values())
+
+
+def plan(cfg: DictConfig, *, model: nn.Module | None = None,
+         dataset: Dataset | None = None) -> Plan:
+    """Decide the run that ``cfg`` describes; ``model`` and ``dataset`` replace the ones the
+    config names (they are still put in eval mode on the configured device).
+
+    Raises:
+        ProbeError: a config value, file, model, dataset or device that cannot work. Nothing
+            has been written then.
+    """
+    # 1. the config and the output path: the cheap refusals first
+    config = read_config(cfg)
+    out = config.output
+    path, locking = output_path(out.path), file_locking(out.file_locking)
+    filters = filter_options(out.compression.name, out.compression_level)
+    device = resolve_device(config.device)
+    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    check_writable(path.parent)
+    with WriterLock(path, locking):  # refuse now, not after the set-up, if another writes
+        found = existing_run(path, config_yaml, locking, overwrite=out.overwrite)
+    decided = {"config": config, "config_yaml": config_yaml, "path": path, "locking": locking,
+               "filters": filters}
+
+    # 2. the model and the data, and whether they are what the file there was made from
+    model = build_model(cfg) if model is None else model
+    dataset = build_dataset(cfg) if dataset is None else dataset
+    fingerprints = {Attr.MODEL_FINGERPRINT: model_fingerprint(model),
+                    Attr.DATA_FINGERPRINT: data_fingerprint(dataset)}
+    if found is not None:
+        _require_same_inputs(found, fingerprints)
+        if found.complete:
+            renamed = found.path != path
+            if renamed:
+                log.info("%s is complete but was stopped before its rename; renaming it to %s",
+                         found.path, path.name)
+            else:
+                log.info("%s is already complete for this config; nothing to do", path)
+            return Plan(**decided, resume_from=None, renamed_only=renamed)
+
+    # 3. what to compute: the family and the feed, the hooks, the samples, the objective, and
+    # a dry run that finds how every key is stored
+    family, feed = family_for(cfg.model, model), feed_for(dataset)
+    model, device = family.place(model.eval(), device, config.device)
+    objective, objective_name = (make_objective(config.objective, family, model)
+                                 if config.needs_grad else (None, None))
+    capture = Capture(model, config.layers, config.hooks, reduce=config.reduce,
+                      reduce_by_layer=config.reduce_by_layer, dtype=out.dtype.torch,
+                      stop_early=config.stop_early)
+    family.check(model, feed, capture.reduces)
+    feed = feed.for_model(family.output_lengths(model))
+    batching = _batching(config, feed, device)
+    selection = _selection(config, dataset)
+    resume = (0, 0, 0) if found is None else _resume_point(found, selection, batching)
+    if found is not None:
+        log.info("resuming %s after %d committed rows", found.path, resume[1])
+    batches = _dry_batches(feed, dataset, selection, config.skip_bad)
+    with_target = feed.has_targets(dataset, int(batches[0].index[0]))
+    if objective_name == "target" and not with_target:
+        raise ConfigError(
+            "objective=target but the dataset has no targets; use objective=top1, or a dataset "
+            f"with targets ({feed.targets_hint})"
+        )
+    started = time.perf_counter()
+    shown = dry_run(capture, family, feed, batches, device, objective)
+    dry_run_seconds = time.perf_counter() - started
+    shown.layout.check(shown.plain, config.needs_grad)
+    capture.transforms = transforms_for(shown.shapes, shown.follows, capture.reduces,
+                                        layout=shown.layout, pool=config.tokens,
+                                        dtype=out.dtype.torch)
+    capture.arm()  # the dry run counted every hooked module's runs
+    if config.tokens.name != "all" and not shown.follows:
+        log.warning("%s=%s has no effect: no stored output of this model has a position axis "
+                    "to pool", Attr.TOKENS, config.tokens.name)
+    datasets = {**_specs(capture), **shown.layout.bookkeeping(), **feed.bookkeeping(dataset)}
+    if config.skip_bad:
+        datasets[SKIPPED] = DatasetSpec((), "int64", {Attr.DIMS: ["skipped"]},
+                                        compressible=False)
+    positions = (feed.stored_positions(dataset, selection)
+                 if any(spec.per_position for spec in datasets.values()) else None)
+
+    # 4. what it takes: said in the log, and checked against the free disk space
+    sample_bytes = 16 + sum(s.row_bytes for s in datasets.values() if not s.per_position)
+    position_bytes = sum(s.row_bytes for s in datasets.values() if s.per_position)
+    _log_plan(config, path, capture, device, selection, positions, sample_bytes,
+              position_bytes)
+    if isinstance(selection, OpenSelection):
+        log.info("the number of samples is not known before they are read: free space is not "
+                 "checked")
+    elif out.check_free_space:
+        left = 0 if positions is None else int(positions[resume[0]:].sum())
+        check_free_space(path.parent,
+                         sample_bytes * (len(selection) - resume[0]) + position_bytes * left)
+    attrs = {**_root_attrs(config, capture, shown, objective_name), **feed.attrs(dataset),
+             **library_versions(), **{key: dumps(value) for key, value in fingerprints.items()}}
+    return Plan(**decided, resume_from=resume[0], resume_rows=resume[1],
+                resume_skipped=resume[2], committed=0 if found is None else found.num_committed,
+                device=device, model=model, family=family, dataset=dataset, feed=feed,
+                batching=batching, selection=selection, has_target=with_target,
+                objective=objective, capture=capture, datasets=datasets, attrs=attrs,
+                num_positions=None if positions is None else int(positions.sum()),
+                dry_run_seconds=dry_run_seconds)
+
+
+def _specs(capture: Capture) -> dict[str, DatasetSpec]:
+    """What the store creates for each key: its transform's rows, type and attrs."""
+    specs = {}
+    for key in capture.keys:
+        transform = capture.transforms[key]
+        attrs = {**capture.attrs(key), Attr.DIMS: list(transform.dims)}
+        specs[key] = DatasetSpec(transform.row_shape, str(capture.dtype).removeprefix("torch."),
+                                 attrs, per_position=transform.per_position)
+    return specs
+
+
+def _dry_batches(feed: Feed, dataset: Dataset, selection: Selection, skip_bad: bool) -> list:
+    """The dry run's batches, of the first sample of the selection that loads (with
+    dataset.on_error=skip, of the first that loads among the first hundred)."""
+    if isinstance(selection, OpenSelection):
+        return feed.dry_batches(dataset, selection.shard_index)
+    candidates = selection[:100 if skip_bad else 1]
+    for n, index in enumerate(candidates):
+        try:
+            return feed.dry_batches(dataset, index)
+        except DataError:
+            if n == len(candidates) - 1:
+                raise
+    raise AssertionError("a selection is never empty")
+
+
+def _selection(config: ProbeConfig, dataset) -> Selection:
+    """The samples this job takes: by ``limit``, ``subset`` and ``shard``."""
+    shard = config.shard
+    try:
+        size = len(dataset)
+    except TypeError:  # read as it comes: its length is not known before its end
+        size = None
+    if size is not None:
+        return select_indices(size, config.limit, shard.index, shard.count,
+                              subset=config.subset.name, seed=config.seed)
+    if config.subset is Subset.random:
+        raise ConfigError("subset=random picks samples from the whole dataset, which one read "
+                          "as it comes cannot; use subset=first, or read it whole")
+    if config.skip_bad:
+        raise ConfigError("dataset.on_error=skip is not supported for a dataset read as it "
+                          "comes; read it whole, or fix the samples")
+    check_selection(config.limit, shard.index, shard.count)
+    return OpenSelection(config.limit, shard.index, shard.count)
+
+
+def _resume_point(found: FileState, selection: Selection,
+                  batching: Batching) -> tuple[int, int, int]:
+    """Where a run resumes: (samples of the selection done, rows kept, samples left out kept).
+    The committed rows and left-out samples cover the selection's first samples. A group's
+    batches are made from its start: a run resumes there, so that they are the same batches."""
+    rows, skipped = found.num_committed, int(found.attrs.get(Attr.NUM_SKIPPED, 0))
+    done = rows + skipped
+    start = done - done % batching.group
+    if start == done:
+        return done, rows, skipped
+    if not skipped:
+        return start, start, 0
+    # rows and left-out samples interleave: keep those before the group's first sample
+    with open_for_reading(found.path) as f:
+        index, left_out = f[INDEX][:rows], f[SKIPPED][:skipped]
+    boundary = selection[start]
+    return (start, int(np.searchsorted(index, boundary)),
+            int(np.searchsorted(left_out, boundary)))
+
+
+def _batching(config: ProbeConfig, feed: Feed, device: torch.device) -> Batching:
+    if config.batch_tokens is not None and not feed.positions:
+        raise ConfigError("batch_tokens is a budget of padded positions per batch, for "
+                          "batches of sequences; use batch_size for this dataset")
+    return Batching(config.batch_size, config.batch_tokens,
+                    bucket=config.bucket_by_length and feed.positions,
+                    num_workers=config.num_workers, pin_memory=device.type == "cuda",
+                    skip_bad=config.skip_bad)
+
+
+def _log_plan(config: ProbeConfig, path: Path, capture: Capture, device: torch.device,
+              selection: Selection, positions, sample_bytes: int, position_bytes: int) -> None:
+    for pattern in config.layers:
+        if is_glob(pattern):
+            log.info("layers: %s matches %s", pattern,
+                     ", ".join(match_layers(capture.layers, pattern)))
+    if isinstance(selection, OpenSelection):
+        size = f"samples as they come, {human_bytes(position_bytes)} a position"
+    elif positions is None:
+        size = f"{len(selection)} samples of {human_bytes(sample_bytes)}"
+    else:
+        size = (f"{len(selection)} samples, {int(positions.sum())} positions of "
+                f"{human_bytes(position_bytes)}")
+    log.info("model %s on %s; %d layers x %s; %s -> %s", type(capture.model).__name__, device,
+             len(capture.layers), [h.name for h in capture.hooks], size, path)
+    if config.output.compression.name == "lzf":
+        log.info("output.compression=lzf: only h5py reads lzf; the HDF5 C tools, MATLAB, Julia "
+                 "and R show its datasets as empty. Use gzip for files that leave Python")
+
+
+def _require_same_inputs(found: FileState, fingerprints: dict) -> None:
+    # the same config made from another model or other data would give other values
+    for key, what in ((Attr.DATA_FINGERPRINT, "dataset"), (Attr.MODEL_FINGERPRINT, "model")):
+        stored = loads(found.attrs.get(key))
+        if stored is None:  # written before fingerprints were kept
+            log.warning("%s records no %s fingerprint; assuming the %s is the same", found.path,
+                        what, what)
+            continue
+        said = changes(stored, fingerprints[key])
+        if said:
+            started = "written" if found.complete else "started"
+            raise OutputError(
+                f"the {what} changed since {str(found.path)!r} was {started} ({'; '.join(said)}) "
+                "although the config is the same; set output.overwrite=true to start again, or "
+                "choose another output.path"
+            )
+
+
+def _root_attrs(config: ProbeConfig, capture: Capture, shown: DryRun,
+                objective_name: str | None) -> dict:
+    attrs = {Attr.LAYERS: list(capture.layers), Attr.HOOKS: [h.name for h in capture.hooks],
+             Attr.SHARD_INDEX: config.shard.index, Attr.SHARD_COUNT: config.shard.count}
+    if objective_name is not None:
+        attrs[Attr.OBJECTIVE] = objective_name
+    if shown.follows:
+        attrs[Attr.TOKENS] = config.tokens.name
+    return attrs
