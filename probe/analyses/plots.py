@@ -7,6 +7,8 @@ matplotlib is imported here only, inside the functions, so the rest of probe nev
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,7 +16,9 @@ import numpy as np
 
 from probe.errors import ConfigError, OutputError
 
-__all__ = ["plot_accuracy", "gradcam_montage", "plot_similarity", "plot_encoding"]
+log = logging.getLogger(__name__)
+
+__all__ = ["can_plot", "plot_accuracy", "gradcam_montage", "plot_similarity", "plot_encoding"]
 
 
 def plot_accuracy(results: Sequence[dict], path: str | Path, title: str | None = None) -> Path:
@@ -158,6 +162,15 @@ def _finish(figure, axes, ylabel: str, title: str | None, path: str | Path) -> P
     if title:
         axes.set_title(title, fontsize="medium")
     return _save(figure, path)
+
+
+def can_plot(what: str) -> bool:
+    """Whether matplotlib is there to draw ``what``; without it, a warning says how to get it."""
+    if importlib.util.find_spec("matplotlib") is not None:
+        return True
+    log.warning("matplotlib is not installed, so no %s: pip install 'probe[viz]' (or pass "
+                "plot=false)", what)
+    return False
 
 
 def _figure_class():

@@ -10,9 +10,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from probe.commands import exit_on_user_error, hydra_command
-from probe.commands.compare import have_matplotlib, listed
-from probe.commands.fit import _check_writable
-from probe.errors import ConfigError
+from probe.config.checks import required
 
 __all__ = ["main"]
 
@@ -22,28 +20,22 @@ log = logging.getLogger(__name__)
 @exit_on_user_error
 def _encode(cfg: DictConfig) -> None:
     from probe.analyses.encode import default_out_dir, encode, format_table, write_results
+    from probe.analyses.plots import can_plot, plot_encoding
+    from probe.analyses.tables import check_writable
 
-    if cfg.file is None:
-        raise ConfigError("file is not set; pass file=PATH, the .h5 file a probe run wrote")
-    if cfg.targets is None:
-        raise ConfigError("targets is not set; pass targets=T.npy (one row per dataset "
-                          "sample) or targets=T.h5:NAME")
-    out_dir = Path(cfg.out_dir) if cfg.out_dir else default_out_dir(cfg.file)
-    _check_writable(out_dir)
+    file = required(cfg.file, "file")
+    targets = required(cfg.targets, "targets", "T.npy (one row per dataset sample) or "
+                                               "targets=T.h5:NAME")
+    out_dir = check_writable(cfg.out_dir or default_out_dir(file))
     alphas = [float(a) for a in cfg.alphas]
-    results = encode(cfg.file, cfg.targets, listed(cfg["keys"]), folds=cfg.folds,
-                     alphas=alphas, max_features=cfg.max_features, seed=cfg.seed,
-                     device=cfg.device, memory_mb=cfg.memory_mb, solver=cfg.solver)
-    written = write_results(results, out_dir, file=cfg.file, targets=cfg.targets,
-                            folds=cfg.folds, alphas=alphas, seed=cfg.seed)
-    if cfg.plot and have_matplotlib():
-        from probe.analyses.plots import plot_encoding
-
+    results = encode(file, targets, cfg["keys"], folds=cfg.folds, alphas=alphas,
+                     max_features=cfg.max_features, seed=cfg.seed, device=cfg.device,
+                     memory_mb=cfg.memory_mb, solver=cfg.solver)
+    written = write_results(results, out_dir, file=file, targets=targets, folds=cfg.folds,
+                            alphas=alphas, seed=cfg.seed)
+    if cfg.plot and can_plot("encoding.png"):
         written.append(plot_encoding(results, out_dir / "encoding.png",
-                                     title=f"{Path(cfg.file).name}: {cfg.targets}"))
-    elif cfg.plot:
-        log.warning("matplotlib is not installed, so no encoding.png: pip install "
-                    "'probe[viz]' (or pass plot=false)")
+                                     title=f"{Path(file).name}: {targets}"))
     print(format_table(results))
     for path in written:
         log.info("wrote %s", path)

@@ -8,6 +8,7 @@ import logging
 from omegaconf import DictConfig
 
 from probe.commands import exit_on_user_error, hydra_command
+from probe.config.checks import required
 from probe.errors import ConfigError
 
 __all__ = ["main"]
@@ -19,12 +20,11 @@ log = logging.getLogger(__name__)
 def _gradcam(cfg: DictConfig) -> None:
     from probe.analyses.gradcam import save_montage, write_gradcam
 
-    if cfg.file is None:
-        raise ConfigError("file is not set; pass file=PATH, the .h5 file a probe run wrote with "
-                          "'hooks=[forward,backward]'")
+    file = required(cfg.file, "file", "PATH, the .h5 file a probe run wrote with "
+                                      "'hooks=[forward,backward]'")
     if int(cfg.num_images) < 0:
         raise ConfigError(f"num_images={cfg.num_images} must be 0 (no PNG) or more")
-    written = write_gradcam(cfg.file, cfg.layer, cfg.output, cfg.normalize, cfg.block_rows)
+    written = write_gradcam(file, cfg.layer, cfg.output, cfg.normalize, cfg.block_rows)
     if int(cfg.num_images) > 0:
         log.info("wrote %s", save_montage(written, int(cfg.num_images)))
 

@@ -15,7 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 from probe.config.schema import OutputConfig, ProbeConfig, ShardConfig
 from probe.errors import ConfigError
 
-__all__ = ["read_config", "check_known_keys"]
+__all__ = ["read_config", "check_known_keys", "required"]
 
 _ON_ERROR = ("raise", "skip")
 
@@ -81,3 +81,14 @@ def check_known_keys(cfg: DictConfig, schema: type = ProbeConfig, prefix: str = 
         nested = next((c for c in (ShardConfig, OutputConfig) if kind in (c, c.__name__)), None)
         if nested is not None and isinstance(cfg[key], DictConfig):
             check_known_keys(cfg[key], nested, f"{prefix}{key}.")
+
+
+def required(value, key: str, what: str = "PATH, the .h5 file a probe run wrote"):
+    """``value``, the command's setting ``key``, which has no default.
+
+    Raises:
+        ConfigError: it is not set, saying what to pass (``what``).
+    """
+    if value is None:
+        raise ConfigError(f"{key} is not set; pass {key}={what}")
+    return value

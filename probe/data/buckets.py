@@ -14,11 +14,13 @@ as an uninterrupted one.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import numpy as np
 
-from probe.data.feed import Batching
+from probe.data.feed import Batch, Batching, LoadedItems, batch_loader
 
-__all__ = ["plan_batches"]
+__all__ = ["plan_batches", "planned_batches"]
 
 
 def plan_batches(lengths: np.ndarray, batching: Batching) -> list[tuple[np.ndarray, bool]]:
@@ -49,3 +51,16 @@ def _cut(lengths: np.ndarray, batching: Batching) -> list[int]:
             cuts.append(n)
             first, longest = n, int(length)
     return cuts
+
+
+def planned_batches(dataset, selection: list[int], planned: list[tuple[np.ndarray, bool]],
+                    collate: Callable, batching: Batching) -> Iterator[Batch]:
+    """The batches that ``planned`` (``plan_batches`` over the selection's positions) makes of
+    ``dataset``'s selected samples, collated by a DataLoader's workers, each saying whether it
+    ends its group."""
+    loader = batch_loader(LoadedItems(dataset, selection), collate,
+                          num_workers=batching.num_workers, pin_memory=batching.pin_memory,
+                          batch_sampler=[positions.tolist() for positions, _ in planned])
+    for batch, (_, ends_group) in zip(loader, planned, strict=True):
+        batch.ends_group = ends_group
+        yield batch

@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from probe.data.layouts import SAMPLE_ROWS, RowLayout
-from probe.data.selection import Selection
+from probe.data.selection import OpenSelection, Selection
 from probe.errors import DataError, ProbeError
 from probe.file.format import DatasetSpec
 
@@ -107,7 +107,8 @@ class Batching:
 
 
 class Feed(Protocol):
-    """How one kind of data reaches the model (see the module's docstring)."""
+    """How one kind of data reaches the model (see the module's docstring). A feed may derive
+    from this class for the defaults it gives."""
 
     kind: DataKind  # what the data is, for a model family to check that it can read it
     unit: str  # what the progress bar counts: "sample", "tok"
@@ -122,6 +123,7 @@ class Feed(Protocol):
         """The feed for a model whose outputs have ``output_lengths(real input lengths)``
         real positions (the model family's own length function; None where outputs keep the
         input's positions): itself, for a kind of data whose rows do not depend on it."""
+        return self
 
     def has_targets(self, dataset: Dataset, sample: int) -> bool:
         """Whether the dataset's samples have targets (stored as /target), as ``sample``, one
@@ -138,19 +140,23 @@ class Feed(Protocol):
     def stored_positions(self, dataset: Dataset, selection: Selection) -> np.ndarray | None:
         """How many positions each selected sample stores; None where that is not known before
         the run (an open selection) or the batches hold no sequences."""
+        return None
 
     def bookkeeping(self, dataset: Dataset) -> dict[str, DatasetSpec]:
         """The datasets of one row per sample this kind of data adds beside the layers',
         filled from each batch's ``sample_rows`` (the layout adds those per position)."""
+        return {}
 
     def attrs(self, dataset: Dataset) -> dict:
         """Root attrs that say how the data was read."""
 
     def count(self, batch: Batch) -> int:
-        """Units of progress in a batch."""
+        """Units of progress in a batch: its samples, unless the feed counts otherwise."""
+        return len(batch)
 
     def units(self, dataset: Dataset, selection: Selection) -> int | None:
         """Units of progress in these samples (None: not known)."""
+        return None if isinstance(selection, OpenSelection) else len(selection)
 
     def describe(self, batch: Batch) -> str:
         """One sample of the batch, in words, for an error message."""

@@ -99,22 +99,11 @@ def plain_dims(axes: int) -> tuple[str, ...]:
                                                               range(2, axes + 1))))
 
 
-@dataclass(frozen=True)
-class SampleRows:
-    """One row per sample (see the module's docstring)."""
+class _Rows:
+    """What a layout does where it has nothing to add: no refusals, no bookkeeping, nothing
+    on a device, nothing to say."""
 
-    length = None
     lengths = None
-
-    def follows(self, shape: tuple[int, ...]) -> bool:
-        return False
-
-    def stored(self, key: str, rows: tuple[int, ...], pool: Tokens, reduce: Reduce
-               ) -> tuple[tuple[int, ...], tuple[str, ...], bool]:
-        return rows, plain_dims(len(rows)), False
-
-    def select(self, value: torch.Tensor, pool: Tokens) -> torch.Tensor:
-        return value
 
     def check(self, plain: list[str], gradients: bool) -> None:
         pass
@@ -126,11 +115,28 @@ class SampleRows:
     def bookkeeping_rows(self) -> dict[str, torch.Tensor]:
         return {}
 
-    def to(self, device: torch.device) -> SampleRows:
+    def to(self, device: torch.device):
         return self
 
     def describe(self) -> str | None:
         return None
+
+
+@dataclass(frozen=True)
+class SampleRows(_Rows):
+    """One row per sample (see the module's docstring)."""
+
+    length = None
+
+    def follows(self, shape: tuple[int, ...]) -> bool:
+        return False
+
+    def stored(self, key: str, rows: tuple[int, ...], pool: Tokens, reduce: Reduce
+               ) -> tuple[tuple[int, ...], tuple[str, ...], bool]:
+        return rows, plain_dims(len(rows)), False
+
+    def select(self, value: torch.Tensor, pool: Tokens) -> torch.Tensor:
+        return value
 
 
 SAMPLE_ROWS = SampleRows()
@@ -141,7 +147,7 @@ def _follows(length: int, shape: tuple[int, ...]) -> bool:
 
 
 @dataclass(frozen=True)
-class Positions:
+class Positions(_Rows):
     """Ragged positions, ``keep`` (B, L) marking the real ones (see the module's docstring).
 
     ``rows``: bookkeeping per kept position, in order ({"input_ids": (kept,), ...}); ``axis``
@@ -198,9 +204,6 @@ class Positions:
         weights = weights / weights.sum(1, keepdim=True)
         return torch.einsum("bl...,bl->b...", value.to(weights.dtype), weights)
 
-    def check(self, plain: list[str], gradients: bool) -> None:
-        pass
-
     def bookkeeping(self) -> dict[str, DatasetSpec]:
         dims = {Attr.DIMS: [self.axis]}
         return {name: DatasetSpec((), str(values.dtype).removeprefix("torch."), dims,
@@ -213,9 +216,6 @@ class Positions:
 
     def to(self, device: torch.device) -> Positions:
         return replace(self, keep=self.keep.to(device, non_blocking=True), lengths=self.lengths)
-
-    def describe(self) -> str | None:
-        return None
 
 
 @dataclass(frozen=True)
@@ -259,18 +259,15 @@ class Pieces(Positions):
                 "gradients of a sample fed in pieces are not joined into one; feed whole "
                 "samples for gradient hooks (e.g. leave dataset.window_seconds unset)")
 
-    def to(self, device: torch.device) -> Pieces:
-        return replace(self, keep=self.keep.to(device, non_blocking=True), lengths=self.lengths)
 
 
 @dataclass(frozen=True)
-class PatchGrid:
+class PatchGrid(_Rows):
     """``prefix`` special positions, then patches on ``grid`` (rows, columns), row by row, as
     vision transformers lay them out; every position counts."""
 
     prefix: int
     grid: tuple[int, int]
-    lengths = None
 
     @property
     def length(self) -> int:
@@ -304,19 +301,6 @@ class PatchGrid:
         if pool is Tokens.mean:
             return value.mean(1, dtype=torch.promote_types(value.dtype, torch.float32))
         return value[:, 0] if pool is Tokens.first else value[:, -1]
-
-    def check(self, plain: list[str], gradients: bool) -> None:
-        pass
-
-    def bookkeeping(self) -> dict[str, DatasetSpec]:
-        return {}
-
-    @property
-    def bookkeeping_rows(self) -> dict[str, torch.Tensor]:
-        return {}
-
-    def to(self, device: torch.device) -> PatchGrid:
-        return self
 
     def describe(self) -> str | None:
         rows, columns = self.grid

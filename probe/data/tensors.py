@@ -25,7 +25,7 @@ __all__ = ["TensorFeed", "split_item", "sample_files"]
 log = logging.getLogger(__name__)
 
 
-class TensorFeed:
+class TensorFeed(Feed):
     """Items are a tensor or a (tensor, int target, ...) tuple."""
 
     kind = DataKind.tensors
@@ -33,9 +33,6 @@ class TensorFeed:
     positions = False
     hint = "a dataset.image_size too small for it?"
     targets_hint = "items (input, target)"
-
-    def for_model(self, output_lengths) -> TensorFeed:
-        return self
 
     def has_targets(self, dataset: Dataset, sample: int) -> bool:
         return split_item(dataset[sample])[1] is not None
@@ -54,9 +51,6 @@ class TensorFeed:
             raise DataError(batch.failure)
         return [batch]
 
-    def stored_positions(self, dataset: Dataset, selection: Selection) -> None:
-        return None
-
     def bookkeeping(self, dataset: Dataset) -> dict[str, DatasetSpec]:
         if sample_files(dataset) is None:
             return {}
@@ -74,12 +68,6 @@ class TensorFeed:
         if sample_files(dataset) is not None and isinstance(classes, list) and classes:
             found[Attr.CLASSES] = [str(c) for c in classes]
         return found
-
-    def count(self, batch: Batch) -> int:
-        return len(batch)
-
-    def units(self, dataset: Dataset, selection: Selection) -> int:
-        return len(selection)
 
     def describe(self, batch: Batch) -> str:
         return f"shape {tuple(batch.inputs.shape[1:])}"

@@ -6,7 +6,8 @@ differs.
     Preprocesses  the data's preprocessing that the model expects: ``transform``, ``tokenizer``
     FeedsAndReads a batch in, its row layout, the output read: ``place``, ``layout``,
                   ``output_lengths``, ``forward``, ``logits``, ``objective``, ``example_batch``
-    Checks        data and layers the model cannot take: ``reads``, ``towers``, ``check``
+    Checks        data and layers the model cannot take: ``reads``, ``towers``, ``check``,
+                  ``refusal``
 
 Every method is given the built model (in eval mode), except the preprocessing, which is
 found from the model's config alone (no model is built for it).
@@ -28,8 +29,8 @@ from probe.data.feed import Batch, DataKind, Feed
 from probe.data.layouts import RowLayout
 from probe.errors import ConfigError
 
-__all__ = ["Builds", "Preprocesses", "FeedsAndReads", "Checks", "Family", "first_tensor",
-           "graph_from", "top1", "target", "class_logits"]
+__all__ = ["Builds", "Preprocesses", "FeedsAndReads", "Checks", "Family", "made_of",
+           "first_tensor", "graph_from", "top1", "target", "class_logits"]
 
 
 class Builds(Protocol):
@@ -107,6 +108,10 @@ class Checks(Protocol):
             ConfigError: saying which data the model reads, or which layers the data runs.
         """
 
+    def refusal(self, model: nn.Module, feed: Feed) -> str:
+        """The line for data of a kind the model does not read: what it reads, and the
+        dataset to give it."""
+
 
 class Family:
     """Any nn.Module that maps a tensor to (N, classes) logits; families override what differs
@@ -164,7 +169,19 @@ class Family:
         return None
 
     def check(self, model: nn.Module, feed: Feed, reduces: Mapping[str, Reduce]) -> None:
-        pass
+        if feed.kind not in self.reads:
+            raise ConfigError(self.refusal(model, feed))
+
+    def refusal(self, model: nn.Module, feed: Feed) -> str:
+        kinds = ", ".join(kind.value for kind in self.reads)
+        return (f"{type(model).__name__} reads {kinds}, not {feed.kind.value}; use a dataset "
+                "of those")
+
+
+def made_of(model: nn.Module, package: str) -> bool:
+    """Whether any module of ``model`` is a class of ``package`` (a model of one's own made of
+    a library's classes is that library's)."""
+    return any(type(m).__module__.startswith(f"{package}.") for m in model.modules())
 
 
 def first_tensor(value) -> tuple[torch.Tensor | None, int | None]:

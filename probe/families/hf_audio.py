@@ -48,12 +48,13 @@ class AudioFamily(Family):
                               "leave it unset for an audio model")
         return model.to(device), device
 
-    def check(self, model: nn.Module, feed: Feed, reduces: Mapping[str, Reduce]) -> None:
-        if feed.kind not in self.reads:
-            raise ConfigError(
-                f"{type(model).__name__} is an audio model: it reads sound, not these inputs; "
+    def refusal(self, model: nn.Module, feed: Feed) -> str:
+        return (f"{type(model).__name__} is an audio model: it reads sound, not these inputs; "
                 "add dataset=audio dataset.root=<a folder of class subfolders of sound files> "
                 "(or dataset.path=<a .csv or .jsonl list of files>)")
+
+    def check(self, model: nn.Module, feed: Feed, reduces: Mapping[str, Reduce]) -> None:
+        Family.check(self, model, feed, reduces)
         if not hasattr(model, "_get_feat_extract_output_lengths"):
             raise ConfigError(
                 f"{type(model).__name__} does not say how many frames a clip gives (no "

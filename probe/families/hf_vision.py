@@ -29,7 +29,7 @@ from torch import nn
 from probe.config.schema import Reduce
 from probe.data.feed import Batch, DataKind, Feed
 from probe.data.layouts import PatchGrid, RowLayout
-from probe.errors import ConfigError, DataError
+from probe.errors import DataError
 from probe.families import towers as two_towers
 from probe.families.base import Family, graph_from
 from probe.families.hub import place, source_of
@@ -78,10 +78,8 @@ class VisionFamily(Family):
     def transform(self, model_cfg: DictConfig) -> Callable | None:
         return ImageProcessorTransform(str(model_cfg.name))
 
-    def check(self, model: nn.Module, feed: Feed, reduces: Mapping[str, Reduce]) -> None:
-        if feed.kind not in self.reads:
-            raise ConfigError(
-                f"{type(model).__name__} is a vision model: it reads images, not "
+    def refusal(self, model: nn.Module, feed: Feed) -> str:
+        return (f"{type(model).__name__} is a vision model: it reads images, not "
                 f"{feed.kind.value}; use an image dataset (dataset=imagefolder dataset.root="
                 "<folder of class subfolders>)")
 

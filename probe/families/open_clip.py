@@ -117,13 +117,14 @@ class OpenClipFamily(Family):
         return OpenClipTokenizer(str(model_cfg.name))
 
     def check(self, model: nn.Module, feed: Feed, reduces: Mapping[str, Reduce]) -> None:
-        if feed.kind not in self.reads:
-            raise ConfigError(
-                f"model=open_clip reads images and image-text pairs, not {feed.kind.value}: it "
+        Family.check(self, model, feed, reduces)
+        two_towers.check_layers(feed, reduces, self.towers)
+
+    def refusal(self, model: nn.Module, feed: Feed) -> str:
+        return (f"model=open_clip reads images and image-text pairs, not {feed.kind.value}: it "
                 "runs its text tower on captions of its own tokenizer at its context length; "
                 "use dataset=pairs (images with captions); dataset=text is for Hugging Face "
                 "tokenizers")
-        two_towers.check_layers(feed, reduces, self.towers)
 
     def layout(self, model: nn.Module, batch: Batch) -> RowLayout:
         inputs = batch.inputs

@@ -17,7 +17,7 @@ from torch import nn
 from probe.data.feed import Batch
 from probe.data.layouts import PatchGrid, RowLayout
 from probe.errors import ConfigError, DataError
-from probe.families.base import Family
+from probe.families.base import Family, made_of
 from probe.families.checkpoints import load_checkpoint, looks_like_path
 from probe.families.registry import register
 
@@ -73,7 +73,7 @@ class TimmFamily(Family):
     libraries = ("timm",)
 
     def recognizes(self, model: nn.Module) -> bool:
-        return any(type(m).__module__.startswith("timm.") for m in model.modules())
+        return made_of(model, "timm")
 
     def transform(self, model_cfg: DictConfig) -> Callable | None:
         # timm's own: resolve_data_config + create_transform (CLIP's mean and std, bicubic, ...)

@@ -19,7 +19,7 @@ from torch import nn
 from probe.data.feed import Batch
 from probe.data.layouts import PatchGrid, RowLayout
 from probe.errors import ConfigError, DataError
-from probe.families.base import Family
+from probe.families.base import Family, made_of
 from probe.families.checkpoints import load_checkpoint, looks_like_path
 from probe.families.registry import register
 
@@ -64,7 +64,7 @@ class TorchvisionFamily(Family):
     libraries = ("torchvision",)
 
     def recognizes(self, model: nn.Module) -> bool:
-        return any(type(m).__module__.startswith("torchvision.models.") for m in model.modules())
+        return made_of(model, "torchvision.models")
 
     def transform(self, model_cfg: DictConfig) -> Callable | None:
         weights = model_cfg.get("weights")

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from probe.config.schema import Dtype, Reduce
+from probe.config.schema import Dtype
 from probe.data.feed import Batch, DataKind, Feed
 from probe.errors import ConfigError
 from probe.families import hf_audio, hf_vision
@@ -188,10 +188,8 @@ class TransformersFamily(Family):
         return CaptionTokenizer(str(model_cfg.name),
                                 trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
 
-    def check(self, model: nn.Module, feed: Feed, reduces: Mapping[str, Reduce]) -> None:
-        if feed.kind not in self.reads:
-            raise ConfigError(
-                f"{type(model).__name__} is a language model: it reads text, not these inputs; "
+    def refusal(self, model: nn.Module, feed: Feed) -> str:
+        return (f"{type(model).__name__} is a language model: it reads text, not these inputs; "
                 "add dataset=text dataset.path=<a .txt, .jsonl, .csv or .parquet file> (or "
                 "dataset=tokens dataset.path=<token ids>)")
 

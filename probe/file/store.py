@@ -16,7 +16,7 @@ import datetime as _dt
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import h5py
@@ -39,7 +39,7 @@ from probe.file.format import (
 from probe.file.partial import LIBVER, open_for_writing
 from probe.version import __version__
 
-__all__ = ["Store", "chunk_shape", "filter_options", "as_array"]
+__all__ = ["Store", "chunk_shape", "filter_options", "as_array", "close_after"]
 
 log = logging.getLogger(__name__)
 
@@ -162,13 +162,7 @@ class Store:
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        try:
-            self.close()
-        except Exception as err:  # the block's own error (a full disk, say) is the one to report
-            log.debug("closing %s after an error failed too: %r", self.partial, err)
+        close_after(self.close, exc_type is not None, str(self.partial))
 
     def _create(self, config_yaml: str, has_target: bool,
                 datasets: Mapping[str, DatasetSpec], attrs: Mapping,
@@ -378,6 +372,18 @@ class Store:
             self._file.close()
             if self.created and self.num_committed == 0:
                 self.partial.unlink(missing_ok=True)
+
+
+def close_after(close: Callable[[], None], failed: bool, what: str) -> None:
+    """``close()`` at the end of a block; where the block failed, its own error (a full disk,
+    say) is the one to report, and an error of closing is only logged."""
+    if not failed:
+        close()
+        return
+    try:
+        close()
+    except BaseException as err:
+        log.debug("closing %s after an error failed too: %r", what, err)
 
 
 def attr_value(value):

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from probe.file.store import Store, as_array
+from probe.file.store import Store, as_array, close_after
 
 __all__ = ["BackgroundWriter", "WriteFailed"]
 
@@ -55,13 +55,7 @@ class BackgroundWriter:
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        try:
-            self.close()
-        except BaseException as err:  # the block's own error is the one to report
-            log.debug("writer stopped with %r", err)
+        close_after(self.close, exc_type is not None, "the writer")
 
     def put(self, index, target, values, ready=None, lengths=None, ends_group: bool = True,
             skipped=()) -> None:

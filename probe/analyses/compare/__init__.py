@@ -15,7 +15,6 @@ whatever the size of the file.
 
 from __future__ import annotations
 
-import csv
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from probe.analyses.compare.config import CompareConfig as _Defaults
 from probe.analyses.compare.pairing import Pairing, pair_rows
 from probe.analyses.compare.rsa import rdm, spearman_matrix, subset, upper_ranks
 from probe.analyses.stats import AlignedRows, analysis_device, budget_bytes, select_keys
+from probe.analyses.tables import aligned, beside, write_csv, writing
 from probe.errors import ConfigError, OutputError
 from probe.file.read import FeatureFile, open_checked
 
@@ -226,8 +226,7 @@ class _RdmWriter:
 
 def default_out_dir(path: str | Path) -> Path:
     """``<file's folder>/<file stem>_compare``: where ``python -m probe.compare`` writes."""
-    path = Path(path)
-    return path.with_name(f"{path.stem}_compare")
+    return beside(path, "compare")
 
 
 def write_similarity(result: Similarity, out_dir: str | Path) -> Path:
@@ -236,25 +235,13 @@ def write_similarity(result: Similarity, out_dir: str | Path) -> Path:
     Raises:
         OutputError: ``out_dir`` cannot be written.
     """
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with (out_dir / "similarity.csv").open("w", newline="") as stream:
-            writer = csv.DictWriter(stream, fieldnames=COLUMNS)
-            writer.writeheader()
-            writer.writerows(result.table())
-    except OSError as err:
-        raise OutputError(f"cannot write to out_dir={str(out_dir)!r} ({err.strerror or err}); "
-                          "choose a writable out_dir") from None
-    return out_dir / "similarity.csv"
+    with writing(out_dir) as out:
+        return write_csv(out / "similarity.csv", COLUMNS, result.table())
 
 
 def format_table(result: Similarity) -> str:
     """The values as an aligned text matrix: a row per key of ``file``, a column per key of
     ``other`` (or of ``file``)."""
-    header = [result.metric, *result.keys_b]
-    rows = [header] + [[a, *(f"{result.values[(a, b)]:.3f}" for b in result.keys_b)]
-                       for a in result.keys_a]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
-                     .rstrip() for row in rows)
+    return aligned([[result.metric, *result.keys_b]]
+                   + [[a, *(f"{result.values[(a, b)]:.3f}" for b in result.keys_b)]
+                      for a in result.keys_a])

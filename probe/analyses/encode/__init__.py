@@ -16,7 +16,6 @@ scores.h5.
 
 from __future__ import annotations
 
-import csv
 import logging
 from pathlib import Path
 
@@ -39,7 +38,8 @@ from probe.analyses.encode.ridge import (
 )
 from probe.analyses.encode.targets import Targets, open_targets
 from probe.analyses.stats import AlignedRows, analysis_device, blocks_of, budget_bytes, select_keys
-from probe.errors import ConfigError, OutputError
+from probe.analyses.tables import aligned, beside, write_csv, writing
+from probe.errors import ConfigError
 from probe.file.read import FeatureFile, open_checked
 
 __all__ = ["encode", "write_results", "format_table", "default_out_dir", "COLUMNS", "SOLVERS"]
@@ -186,8 +186,7 @@ def _streamed(reader: AlignedRows, key: str, target: Targets, index: np.ndarray,
 
 def default_out_dir(path: str | Path) -> Path:
     """``<file's folder>/<file stem>_encode``: where ``python -m probe.encode`` writes."""
-    path = Path(path)
-    return path.with_name(f"{path.stem}_encode")
+    return beside(path, "encode")
 
 
 def write_results(results: list[dict], out_dir: str | Path, *, file: str | Path,
@@ -199,13 +198,8 @@ def write_results(results: list[dict], out_dir: str | Path, *, file: str | Path,
     Raises:
         OutputError: ``out_dir`` cannot be written.
     """
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with (out_dir / "encoding.csv").open("w", newline="") as stream:
-            writer = csv.DictWriter(stream, fieldnames=COLUMNS)
-            writer.writeheader()
-            writer.writerows({"key": r["key"], "score": r["score"]} for r in results)
+    with writing(out_dir) as out_dir:
+        write_csv(out_dir / "encoding.csv", COLUMNS, results)
         with h5py.File(out_dir / "scores.h5", "w") as h5:
             h5.attrs.update({
                 "file": str(file), "targets": str(targets), "folds": int(folds), "seed": seed,
@@ -219,18 +213,12 @@ def write_results(results: list[dict], out_dir: str | Path, *, file: str | Path,
                 h5[f"r/{r['key']}"].attrs.update(
                     {name: value for name, value in r.items()
                      if name not in ("key", "r", "fold_r", "alpha")})
-    except OSError as err:
-        raise OutputError(f"cannot write to out_dir={str(out_dir)!r} ({err.strerror or err}); "
-                          "choose a writable out_dir") from None
     return [out_dir / "encoding.csv", out_dir / "scores.h5"]
 
 
 def format_table(results: list[dict]) -> str:
     """The scores as an aligned text table, one line per key."""
-    rows = [("key", "score", "features", "solver")] + [
+    return aligned([("key", "score", "features", "solver")] + [
         (r["key"], f"{r['score']:.3f}", str(r["features"]) + (
             f" (of {r['input_features']})" if "input_features" in r else ""), r["solver"])
-        for r in results]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
-                     .rstrip() for row in rows)
+        for r in results])

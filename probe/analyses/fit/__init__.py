@@ -14,7 +14,6 @@ test rows (the share of their most frequent class), at least 1 / the number of c
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 from pathlib import Path
@@ -25,7 +24,8 @@ from torch import nn
 
 from probe.analyses.fit.config import FitConfig as _Defaults
 from probe.analyses.stats import select_keys
-from probe.errors import ConfigError, OutputError
+from probe.analyses.tables import aligned, beside, write_csv, writing
+from probe.errors import ConfigError
 from probe.file.format import Attr, split_key
 from probe.file.read import FeatureFile, open_checked
 from probe.pipeline.device import resolve_device
@@ -249,8 +249,7 @@ def _standardise(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
 
 def default_out_dir(path: str | Path) -> Path:
     """``<file's folder>/<file stem>_fit``: where ``python -m probe.fit`` writes by default."""
-    path = Path(path)
-    return path.with_name(f"{path.stem}_fit")
+    return beside(path, "fit")
 
 
 def write_table(results: list[dict], out_dir: Path) -> list[Path]:
@@ -259,24 +258,14 @@ def write_table(results: list[dict], out_dir: Path) -> list[Path]:
     Raises:
         OutputError: ``out_dir`` cannot be written.
     """
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with (out_dir / "probes.csv").open("w", newline="") as stream:
-            writer = csv.DictWriter(stream, fieldnames=COLUMNS)
-            writer.writeheader()
-            writer.writerows({k: row[k] for k in COLUMNS} for row in results)
+    with writing(out_dir) as out_dir:
+        write_csv(out_dir / "probes.csv", COLUMNS, results)
         (out_dir / "probes.json").write_text(json.dumps(results, indent=2) + "\n")
-    except OSError as err:
-        raise OutputError(f"cannot write to out_dir={str(out_dir)!r} ({err.strerror or err}); "
-                          "choose a writable out_dir") from None
     return [out_dir / "probes.csv", out_dir / "probes.json"]
 
 
 def format_table(results: list[dict]) -> str:
     """The results as an aligned text table, one line per probe."""
-    rows = [COLUMNS] + [(r["layer"], r["kind"], f"{r['accuracy']:.3f}", f"{r['chance']:.3f}",
-                         str(r["n_train"]), str(r["n_test"])) for r in results]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-                     for row in rows)
+    return aligned([COLUMNS] + [(r["layer"], r["kind"], f"{r['accuracy']:.3f}",
+                                 f"{r['chance']:.3f}", str(r["n_train"]), str(r["n_test"]))
+                                for r in results])

@@ -30,15 +30,8 @@ from functools import partial
 import numpy as np
 import torch
 
-from probe.data.buckets import plan_batches
-from probe.data.feed import (
-    Batch,
-    Batching,
-    DataKind,
-    LoadedItems,
-    batch_loader,
-    loadable,
-)
+from probe.data.buckets import plan_batches, planned_batches
+from probe.data.feed import Batch, Batching, DataKind, Feed, LoadedItems, loadable
 from probe.data.layouts import Pieces, Positions
 from probe.data.selection import OpenSelection, Selection
 from probe.errors import ConfigError, DataError
@@ -49,7 +42,7 @@ __all__ = ["AudioFeed"]
 log = logging.getLogger(__name__)
 
 
-class AudioFeed:
+class AudioFeed(Feed):
     """The feed of clips of sound: see the module's docstring."""
 
     kind = DataKind.audio
@@ -95,12 +88,7 @@ class AudioFeed:
                        for parts in [_equal_runs(positions, lengths)]
                        for n, part in enumerate(parts)]
         collate = partial(self.collate, dataset, skip_bad=batching.skip_bad)
-        loader = batch_loader(LoadedItems(dataset, selection), collate,
-                              num_workers=batching.num_workers, pin_memory=batching.pin_memory,
-                              batch_sampler=[positions.tolist() for positions, _ in planned])
-        for batch, (_, ends_group) in zip(loader, planned, strict=True):
-            batch.ends_group = ends_group
-            yield batch
+        yield from planned_batches(dataset, selection, planned, collate, batching)
 
     def dry_batches(self, dataset, index: int) -> list[Batch]:
         """The clip alone, and its first four fifths alone: an output whose second axis
@@ -110,10 +98,6 @@ class AudioFeed:
             raise DataError(row[1])
         shorter = {**row[1], "audio": row[1]["audio"][: max(1, len(row[1]["audio"]) * 4 // 5)]}
         return [self.collate(dataset, [row]), self.collate(dataset, [(row[0], shorter)])]
-
-    def stored_positions(self, dataset, selection: Selection) -> np.ndarray | None:
-        """Not known before the clips are decoded (the run counts them as it goes)."""
-        return None
 
     def bookkeeping(self, dataset) -> dict[str, DatasetSpec]:
         """Each clip's file (and transcript); each frame row's position in its clip comes with
@@ -131,12 +115,6 @@ class AudioFeed:
         if dataset.classes:
             found[Attr.CLASSES] = [str(c) for c in dataset.classes]
         return found
-
-    def count(self, batch: Batch) -> int:
-        return len(batch)
-
-    def units(self, dataset, selection: Selection) -> int | None:
-        return None if isinstance(selection, OpenSelection) else len(selection)
 
     def describe(self, batch: Batch) -> str:
         return f"{batch.layout.length} frames"

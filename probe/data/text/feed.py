@@ -22,15 +22,8 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
-from probe.data.buckets import plan_batches
-from probe.data.feed import (
-    Batch,
-    Batching,
-    DataKind,
-    LoadedItems,
-    batch_loader,
-    loadable,
-)
+from probe.data.buckets import plan_batches, planned_batches
+from probe.data.feed import Batch, Batching, DataKind, Feed, LoadedItems, loadable
 from probe.data.layouts import Positions
 from probe.data.selection import OpenSelection, Selection
 from probe.data.text.stream import stream_items
@@ -61,7 +54,7 @@ class Sequences(Protocol):
         """Root attrs that say how the sequences were made (tokenizer, max_length, ...)."""
 
 
-class TextFeed:
+class TextFeed(Feed):
     """The feed of token sequences: see the module's docstring."""
 
     kind = DataKind.text
@@ -69,9 +62,6 @@ class TextFeed:
     positions = True
     hint = "a dataset.max_length beyond the model's positions?"
     targets_hint = "dataset.label_column, a column of integer labels"
-
-    def for_model(self, output_lengths) -> TextFeed:
-        return self  # a token's row is the model's output at that token
 
     def has_targets(self, dataset: Sequences, sample: int) -> bool:
         return dataset.label_column is not None
@@ -84,12 +74,7 @@ class TextFeed:
             return
         planned = plan_batches(dataset.lengths(selection), batching)
         collate = partial(self.collate, skip_bad=batching.skip_bad)
-        loader = batch_loader(LoadedItems(dataset, selection), collate,
-                              num_workers=batching.num_workers, pin_memory=batching.pin_memory,
-                              batch_sampler=[positions.tolist() for positions, _ in planned])
-        for batch, (_, ends_group) in zip(loader, planned, strict=True):
-            batch.ends_group = ends_group
-            yield batch
+        yield from planned_batches(dataset, selection, planned, collate, batching)
 
     def _read_as_it_comes(self, dataset, selection: OpenSelection, batching: Batching):
         # a group of samples at a time, cut into batches as from a list
