@@ -1,4 +1,4 @@
 """The package's version, in a module of its own so that the store can record it without
 importing the package's entry points."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

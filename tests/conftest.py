@@ -22,6 +22,7 @@ from torch import nn
 import probe
 import probe.file.writer
 from probe.config.compose import compose
+from tests.cli import cli  # noqa: F401  (shared with the test modules)
 from tests.tiny import PacedImages, TinyNet  # noqa: F401  (shared with the test modules)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,10 +40,19 @@ TINY_NET = ["model=custom", "model._target_=tests.tiny.TinyNet"]
 
 def compose_cfg(*overrides: str, output: Path | None = None, tiny: bool = True):
     """conf/config.yaml composed with ``overrides`` (after TINY, unless another dataset is
-    picked or ``tiny`` is false) and ``output.path=output`` when given."""
+    picked or ``tiny`` is false) and ``output.path=output`` unless an override sets it."""
     base = TINY if tiny and not any(o.startswith("dataset=") for o in overrides) else []
-    path = [f"output.path={output}"] if output is not None else []
-    return compose([*base, *path, *overrides])
+    cfg = copy.deepcopy(_composed((*base, *overrides)))
+    if output is not None and not any(o.startswith("output.path=") for o in overrides):
+        cfg.output.path = str(output)
+    return cfg
+
+
+@functools.cache
+def _composed(overrides: tuple[str, ...]):
+    # Hydra takes a good part of a second to compose: a config is composed once per session,
+    # each caller gets a copy of its own (only output.path tells most tests' configs apart)
+    return compose(list(overrides))
 
 
 @pytest.fixture
@@ -119,12 +129,13 @@ def _loaded(name: str, checkpoint: Path | None) -> nn.Module:
 
 def run_cli(*args: str, cwd: Path, module: str = "probe", **env: str
             ) -> subprocess.CompletedProcess:
-    """``python -m <module> ARGS`` in a fresh process, from ``cwd``; ``tests`` is importable
-    there, for configs that name a test module's ``_target_``."""
+    """``python -m <module> ARGS`` in a fresh process, from ``cwd``, for tests whose subject
+    is the process (what else: tests.cli.cli, in this one); ``tests`` is importable there, for
+    configs that name a test module's ``_target_``. The timeout is for a hang only."""
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONWARNINGS": "ignore",
            "PYTHONPATH": str(REPO), **env}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=1800)
 
 
 def error_line(result: subprocess.CompletedProcess, status: int = 1) -> str:

@@ -1,4 +1,5 @@
-"""The command line, as a user types it, from a directory outside the repository."""
+"""The command line, as a user types it, from a directory outside the repository: the first test
+in a fresh process, as typed; the others in this one (tests.cli), which sees the same."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.conftest import TINY_NET, error_line, no_h5_files, run_cli
+from tests.conftest import TINY_NET, cli, error_line, no_h5_files, run_cli
 
 TINY = ["dataset.image_size=32", "dataset.num_samples=5", "batch_size=2"]
 
@@ -23,21 +24,21 @@ def test_main_job_writes_its_file_in_the_run_folder(tmp_path):
         assert f["layer4/output"].shape == (5, 512, 1, 1) and f.attrs["complete"]
     assert "wrote 5 rows" in result.stdout + result.stderr
 
-    again = run_cli("model=resnet18", "layers=[layer4]", *TINY, cwd=tmp_path)
+    again = cli("model=resnet18", "layers=[layer4]", *TINY, cwd=tmp_path)
     assert again.returncode == 0 and "nothing to do" in again.stdout + again.stderr
 
 
 def test_user_error_is_one_line_and_exit_1(tmp_path):
-    result = run_cli(*TINY_NET, "layers=[fx]", *TINY, f"output.path={tmp_path}/f.h5",
+    result = cli(*TINY_NET, "layers=[fx]", *TINY, f"output.path={tmp_path}/f.h5",
                      cwd=tmp_path)
     assert "'fx' matches no module of the model. Closest: fc" in error_line(result)
     assert no_h5_files(tmp_path)
 
 
 def test_mistyped_key_fails_at_composition(tmp_path):
-    result = run_cli("model=resnet18", "layers=[fc]", "batchsize=4", cwd=tmp_path)
+    result = cli("model=resnet18", "layers=[fc]", "batchsize=4", cwd=tmp_path)
     assert result.returncode == 1 and "batchsize" in result.stderr
-    result = run_cli("model=resnet18", "layers=[fc]", "reduce=avg", cwd=tmp_path)
+    result = cli("model=resnet18", "layers=[fc]", "reduce=avg", cwd=tmp_path)
     assert result.returncode == 1 and "mean" in result.stderr  # Hydra lists the valid values
 
 
@@ -50,7 +51,7 @@ def test_user_dataset_from_own_config_dir(tmp_path):
           - _target_: torch.ones
             _args_: [3, 3, 32, 32]
     """))
-    result = run_cli("--config-dir", str(tmp_path / "my_conf"), "dataset=mine", *TINY_NET,
+    result = cli("--config-dir", str(tmp_path / "my_conf"), "dataset=mine", *TINY_NET,
                      "layers=[fc]", f"output.path={tmp_path}/f.h5", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     with h5py.File(tmp_path / "f.h5", "r") as f:
@@ -60,7 +61,7 @@ def test_user_dataset_from_own_config_dir(tmp_path):
 
 
 def test_list_layers(tmp_path):
-    result = run_cli(*TINY_NET, "dataset.image_size=32", "reduce=mean",
+    result = cli(*TINY_NET, "dataset.image_size=32", "reduce=mean",
                      "reduce_by_layer={features.3:none}", cwd=tmp_path, module="probe.layers")
     assert result.returncode == 0, result.stderr
     lines = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
@@ -82,7 +83,7 @@ def test_run_folder_names_can_be_typed_back_unquoted():
 
 def test_a_failing_run_leaves_no_run_folder(tmp_path):
     # the model fails on the first sample: one line naming the module, and nothing left
-    result = run_cli(*TINY_NET, "layers=[fc]", "dataset.image_size=1", cwd=tmp_path)
+    result = cli(*TINY_NET, "layers=[fc]", "dataset.image_size=1", cwd=tmp_path)
     line = error_line(result)
     assert "fails on one sample of shape (3, 1, 1) in features.2 (MaxPool2d)" in line
     assert "dataset.image_size" in line
@@ -91,10 +92,10 @@ def test_a_failing_run_leaves_no_run_folder(tmp_path):
 
 def test_a_kept_run_folder_logs_the_error(tmp_path):
     # batch_size is not in the folder's name: both commands share the folder of the first
-    ok = run_cli(*TINY_NET, "layers=[fc]", *TINY, cwd=tmp_path)
+    ok = cli(*TINY_NET, "layers=[fc]", *TINY, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     (folder,) = (tmp_path / "outputs").iterdir()
-    failed = run_cli(*TINY_NET, "layers=[fc]", *TINY, "batch_size=0", "output.overwrite=true",
+    failed = cli(*TINY_NET, "layers=[fc]", *TINY, "batch_size=0", "output.overwrite=true",
                      cwd=tmp_path)
     assert "batch_size=0 must be at least 1" in error_line(failed)
     assert (folder / "features.h5").is_file()  # the earlier run's file and log stay
@@ -127,19 +128,19 @@ def test_overrides_with_long_absolute_paths(tmp_path, checkpoints):
         Image.new("RGB", (40, 36), colour).save(images / label / "a.png")
     args = ["model=resnet18", f"model.weights={weights}", "layers=[fc]", "dataset=imagefolder",
             f"dataset.root={images}", "dataset.image_size=32"]
-    result = run_cli(*args, cwd=tmp_path)
+    result = cli(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     files = list((tmp_path / "outputs").rglob("features.h5"))
     assert len(files) == 1
     name = files[0].parent.name
     assert len(name.encode()) <= 255 and len(name.rsplit("--", 1)[1]) == 8  # cut, hash kept
-    again = run_cli(*args, cwd=tmp_path)  # the same command finds its folder
+    again = cli(*args, cwd=tmp_path)  # the same command finds its folder
     assert again.returncode == 0 and "nothing to do" in again.stdout + again.stderr
 
 
 def test_an_unknown_flag_is_one_line(tmp_path):
     for module in ("probe", "probe.layers"):
-        result = run_cli("--foo", "model=resnet18", cwd=tmp_path, module=module)
+        result = cli("--foo", "model=resnet18", cwd=tmp_path, module=module)
         line = error_line(result)
         assert f"python -m {module} does not know the flag '--foo'" in line
         assert "--experimental-rerun" not in result.stderr  # not Hydra's whole usage

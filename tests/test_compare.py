@@ -20,7 +20,7 @@ import probe
 from probe.analyses.compare import compare, write_similarity
 from probe.config.compose import compose
 from probe.errors import ConfigError, DataError
-from tests.conftest import REPO, TINY_NET, compose_cfg, run_cli
+from tests.conftest import REPO, TINY_NET, cli, compose_cfg
 
 LAYERS = ["features.1", "features.3", "pool", "fc"]
 KEYS = [f"{layer}/output" for layer in LAYERS]
@@ -311,7 +311,7 @@ def test_token_files_of_other_tokens_are_refused(token_files):
 # --- the command -----------------------------------------------------------------------------
 
 def test_cli_writes_the_table_the_csv_and_the_heatmap(runs, tmp_path):
-    result = run_cli(f"file={runs['a']}", f"other={runs['b']}", "keys=[pool,fc]",
+    result = cli(f"file={runs['a']}", f"other={runs['b']}", "keys=[pool,fc]",
                      f"out_dir={tmp_path}/out", cwd=tmp_path, module="probe.compare")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0].split() == ["cka", "pool/output", "fc/output"]

@@ -19,7 +19,7 @@ import probe
 from probe.analyses.encode import encode
 from probe.analyses.encode.projection import SparseProjection
 from probe.config.compose import compose
-from tests.conftest import REPO, TINY_NET, compose_cfg, error_line, run_cli
+from tests.conftest import REPO, TINY_NET, cli, compose_cfg, error_line
 from tests.test_compare import write_probe_file
 
 DATASET = 300  # samples in the made-up dataset; the file holds 240 of them
@@ -222,7 +222,7 @@ def test_every_user_error_is_one_line_and_exit_1(layered, tmp_path, capsys):
 
 def test_targets_of_another_length_fail_in_one_line_from_the_shell(layered, tmp_path):
     np.save(tmp_path / "short.npy", np.zeros((250, 3)))
-    result = run_cli(f"file={layered['file']}", f"targets={tmp_path}/short.npy",
+    result = cli(f"file={layered['file']}", f"targets={tmp_path}/short.npy",
                      cwd=tmp_path, module="probe.encode")
     line = error_line(result)
     assert "has 250 rows" in line and "has 300 samples" in line

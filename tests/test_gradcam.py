@@ -15,7 +15,7 @@ import probe
 from probe.analyses.gradcam import gradcam, save_montage, write_gradcam
 from probe.config.compose import compose
 from probe.errors import ConfigError
-from tests.conftest import run_cli
+from tests.conftest import cli
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -121,7 +121,7 @@ def test_cli_writes_maps_and_montage_next_to_the_file(features, tmp_path, monkey
     copy = tmp_path / "run" / "features.h5"
     copy.parent.mkdir()
     shutil.copy(features, copy)
-    result = run_cli(f"file={copy}", "layer=layer3", "num_images=3", "normalize=true",
+    result = cli(f"file={copy}", "layer=layer3", "num_images=3", "normalize=true",
                      cwd=tmp_path, module="probe.gradcam")
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in copy.parent.iterdir()) == [
@@ -136,7 +136,7 @@ def test_cli_refuses_pooled_rows_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     pooled = _run(tmp_path / "pooled.h5", "layers=[layer4]", "reduce=mean",
                   "dataset.image_size=32", "dataset.num_samples=2")
-    result = run_cli(f"file={pooled}", "layer=layer4", cwd=tmp_path, module="probe.gradcam")
+    result = cli(f"file={pooled}", "layer=layer4", cwd=tmp_path, module="probe.gradcam")
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("probe: error:")]
     assert len(errors) == 1 and "(N, C, H, W)" in errors[0] and "reduce=none" in errors[0]

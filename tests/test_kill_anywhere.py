@@ -20,7 +20,7 @@ import sys
 import pytest
 
 import probe
-from tests.conftest import REPO, TINY_NET, error_line, run_cli
+from tests.conftest import REPO, TINY_NET, cli, error_line, run_cli
 
 CRASH = REPO / "tests" / "crash"
 IMAGES = [*TINY_NET, "layers=[features.0,fc]", "dataset.image_size=32",
@@ -42,43 +42,64 @@ def shim(tmp_path_factory):
     return built
 
 
-def _kill_everywhere(shim, tmp_path, overrides, keys, points=None, mode="kill"):
-    """Kill (or fill the disk of) the run at ``points`` of its writes, spread evenly (None:
-    at every write), rerun each time, and compare with an uninterrupted run."""
-    spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"overrides": overrides, "keys": keys, "points": points,
-                                "mode": mode}))
+def _drive(shim, root, specs: list[dict]) -> list[dict]:
+    """Run the driver on ``specs`` (one process for all of them); each spec's result."""
+    root.mkdir(parents=True, exist_ok=True)
+    spec_file = root / "specs.json"
+    spec_file.write_text(json.dumps(specs))
     env = {**os.environ, "LD_PRELOAD": str(shim), "KILL_MATCH": "features.h5.partial",
            "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run([sys.executable, str(CRASH / "driver.py"), str(tmp_path / "runs"),
-                           str(spec)], env=env, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run([sys.executable, str(CRASH / "driver.py"), str(root / "runs"),
+                           str(spec_file)], env=env, capture_output=True, text=True,
+                          timeout=3600)
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _spec(overrides, keys, points=None, mode="kill") -> dict:
+    return {"overrides": overrides, "keys": keys, "points": points, "mode": mode}
+
+
+def _check(result: dict, points=None) -> dict:
     assert result["tried"] >= min(result["writes"], points or result["writes"]), result
     assert result["failed"] == [], json.dumps(result["failed"][:3], indent=1)
     return result
 
 
-@pytest.fixture
-def text_run(tiny_lm, tmp_path):
+def _kill_everywhere(shim, tmp_path, overrides, keys, points=None, mode="kill"):
+    """Kill (or fill the disk of) the run at ``points`` of its writes, spread evenly (None:
+    at every write), rerun each time, and compare with an uninterrupted run."""
+    (result,) = _drive(shim, tmp_path, [_spec(overrides, keys, points, mode)])
+    return _check(result, points)
+
+
+def _corpus(directory):
     from tests.tiny_text import documents, write_jsonl
 
-    corpus = write_jsonl(tmp_path / "docs.jsonl", documents(24, seed=1, high=20))
+    return write_jsonl(directory / "docs.jsonl", documents(24, seed=1, high=20))
+
+
+def _text_run(tiny_lm, corpus) -> list[str]:
     return ["model=transformers", f"model.name={tiny_lm}", "dataset=text",
             f"dataset.path={corpus}", "layers=[transformer.h.0,transformer.h.1]",
             "batch_size=4", "output.commit_every=1"]
 
 
-@pytest.mark.parametrize("compression", ["none", "gzip"])
-def test_images_survive_a_kill_at_any_write(shim, tmp_path, compression):
-    result = _kill_everywhere(shim, tmp_path, [*IMAGES, f"output.compression={compression}"],
-                              IMAGE_KEYS, points=8)
+@pytest.fixture
+def text_run(tiny_lm, tmp_path):
+    return _text_run(tiny_lm, _corpus(tmp_path))
+
+
+def test_images_survive_a_kill_or_a_full_disk_at_any_write(shim, tmp_path):
+    # one driver process for the three (one import of torch for all)
+    none, gzip, full = _drive(shim, tmp_path, [
+        _spec([*IMAGES, "output.compression=none"], IMAGE_KEYS, 8),
+        _spec([*IMAGES, "output.compression=gzip"], IMAGE_KEYS, 8),
+        _spec(IMAGES, IMAGE_KEYS, 5, mode="enospc")])
+    for result, points in ((none, 8), (gzip, 8), (full, 5)):
+        _check(result, points)
     # creation, every commit, the finish and the rename: a run of 10 batches writes often
-    assert result["writes"] > 40
-
-
-def test_images_survive_a_full_disk_at_any_write(shim, tmp_path):
-    _kill_everywhere(shim, tmp_path, IMAGES, IMAGE_KEYS, points=5, mode="enospc")
+    assert none["writes"] > 40 and gzip["writes"] > 40
 
 
 def test_text_gradients_survive_a_kill_at_any_write(shim, tmp_path, text_run):
@@ -117,7 +138,7 @@ def test_a_full_disk_is_one_line_and_the_rerun_continues(shim, tmp_path):
                      r"command again to continue", line), line
     saved = int(re.search(r": (\d+) of 40", line).group(1))
     assert saved > 0 and not out.exists()
-    again = run_cli(*args, cwd=tmp_path)  # space again
+    again = cli(*args, cwd=tmp_path)  # space again
     assert again.returncode == 0, again.stderr
     assert f"resuming {out}.partial after {saved} committed rows" in again.stdout + again.stderr
     with probe.open(out) as f:

@@ -11,7 +11,7 @@ import probe
 import probe.file.merge
 from probe.errors import OutputError
 from probe.file.merge import merge
-from tests.conftest import assert_same_datasets, run_cli
+from tests.conftest import assert_same_datasets, cli
 
 # batch_size=1: each sample is computed alone in every run, so values match bit for bit
 RUN = ["model=resnet18", "layers=[layer4,fc]", "hooks=[forward,backward]", "limit=5",
@@ -144,7 +144,7 @@ def test_the_sweep_callback_merges_each_complete_set(shards, single, tmp_path):
 def test_a_submitit_local_multirun_merges_into_the_single_run(tmp_path, single):
     args = ["-m", "hydra/launcher=submitit_local", *RUN, "dataset.image_size=32",
             "dataset.num_samples=6", "shard.count=2", "shard.index=range(2)"]
-    result = run_cli(*args, cwd=tmp_path)
+    result = cli(*args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     parts = sorted((tmp_path / "outputs" / "multirun").glob("*shard.index-*/features.h5"))
     assert len(parts) == 2, result.stdout + result.stderr
@@ -154,7 +154,7 @@ def test_a_submitit_local_multirun_merges_into_the_single_run(tmp_path, single):
     assert "shard.index" not in auto.name and "shard.count-2" in auto.name
     _assert_equal_files(auto, single)
     # a re-launched sweep skips the jobs whose files are complete
-    again = run_cli(*args, cwd=tmp_path)
+    again = cli(*args, cwd=tmp_path)
     assert again.returncode == 0
     logs = list((tmp_path / "outputs" / "multirun").rglob("probe.log"))
     assert sum("nothing to do" in log.read_text() for log in logs) == 2

@@ -7,8 +7,6 @@ import ast
 import dataclasses
 import importlib
 import inspect
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -87,34 +85,6 @@ def test_the_import_graph_has_no_cycles():
 
     cycles = [c for c in (cycle_from(m, (m,)) for m in sorted(graph)) if c]
     assert not cycles, " -> ".join(cycles[0])
-
-
-def test_importing_the_library_loads_no_command_and_no_hydra():
-    library = [m for m in MODULES.values() if _floor(m) not in ("commands", "entry")
-               and not m.startswith(("probe.config.compose", "probe.config.arguments"))]
-    code = (f"import importlib, sys\nfor m in {library!r}:\n    importlib.import_module(m)\n"
-            "print('\\n'.join(sorted(sys.modules)))")
-    loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                            text=True, check=True).stdout.split()
-    assert set(library) <= set(loaded)
-    commands = [m for m in loaded if m.startswith("probe.commands")]
-    assert not commands
-
-
-def test_opening_a_file_loads_no_hydra(tmp_path):
-    from probe.file.format import DatasetSpec
-    from probe.file.store import Store
-
-    path = tmp_path / "f.h5"
-    with Store(path, config_yaml="a: 1\n", num_rows=1,
-               datasets={"x/output": DatasetSpec((2,), "float32")}) as store:
-        store.append([0], [0], {"x/output": [[1.0, 2.0]]})
-        store.finish()
-    code = (f"import sys, probe\nwith probe.open({str(path)!r}) as f:\n"
-            "    f['x/output'][:]\nprint('hydra' in sys.modules)")
-    found = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                           text=True, check=True).stdout.strip()
-    assert found == "False"
 
 
 def test_the_run_folder_leaves_out_exactly_the_keys_a_resume_ignores():

@@ -1,6 +1,7 @@
 """Kill a run at its k-th write to its output files, for many k, and check each rerun.
 
     LD_PRELOAD=killwrite.so python tests/crash/driver.py ROOT SPEC.json
+    LD_PRELOAD=killwrite.so python tests/crash/driver.py ROOT SPECS.json    # a list of specs
 
 SPEC holds ``overrides`` (the run's config), ``keys`` (the datasets to compare), which kill
 points to try: ``points`` (that many, spread evenly over the run's writes, the first and the
@@ -9,11 +10,13 @@ last among them; null: every write), and ``mode`` (``kill``: SIGKILL before the 
 uninterrupted run itself (so that it imports everything once) and forks a child per run, so a
 kill point costs a fraction of a second. Each child that reruns must finish with status 0 and
 a file equal to the uninterrupted run's, value for value. Prints one JSON line: the number of
-writes, the points tried, and the ones that failed, with the rerun's error.
+writes, the points tried, and the ones that failed, with the rerun's error (for a list of specs,
+a list of those, in order).
 """
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import json
 import os
@@ -47,8 +50,17 @@ _SHIM.killwrite_arm.argtypes = [ctypes.c_long, ctypes.c_int]
 _SHIM.killwrite_count.restype = ctypes.c_long
 
 
+_COMPOSED: dict[tuple[str, ...], object] = {}
+
+
 def _cfg(overrides: list[str], path: Path):
-    return compose([*overrides, f"output.path={path}"])
+    # composed once, here, before the children fork: each takes a copy with its own path
+    key = tuple(overrides)
+    if key not in _COMPOSED:
+        _COMPOSED[key] = compose(list(overrides))
+    cfg = copy.deepcopy(_COMPOSED[key])
+    cfg.output.path = str(path)
+    return cfg
 
 
 def _in_child(task) -> tuple[int, str]:
@@ -96,8 +108,8 @@ def _same(reference: Path, path: Path, keys: list[str]) -> str:
     return ""
 
 
-def main() -> None:
-    root, spec = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
+def kill_everywhere(root: Path, spec: dict) -> dict:
+    """One spec's kill points (see the module's docstring), in folder ``root``."""
     overrides, keys = list(spec["overrides"]), list(spec["keys"])
     shutil.rmtree(root, ignore_errors=True)
     reference = root / "reference" / "features.h5"
@@ -120,7 +132,16 @@ def main() -> None:
         if problem:
             failed.append({"at": k, "problem": problem[:1500]})
         shutil.rmtree(path.parent)
-    print(json.dumps({"writes": writes, "tried": len(points), "failed": failed}))
+    return {"writes": writes, "tried": len(points), "failed": failed}
+
+
+def main() -> None:
+    # ROOT SPEC.json: one spec; or ROOT SPECS.json holding a list of them, one process for all
+    root, specs = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
+    if isinstance(specs, dict):
+        print(json.dumps(kill_everywhere(root, specs)))
+        return
+    print(json.dumps([kill_everywhere(root / str(n), spec) for n, spec in enumerate(specs)]))
 
 
 if __name__ == "__main__":
