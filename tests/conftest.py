@@ -3,9 +3,11 @@ one-line error check, and ways to interrupt a run."""
 
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,6 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 # be written to the user's cache
 os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="probe-tests-hf-")
+atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 
 # Small enough for 2 CPU cores: 32 px images, a handful of samples.
 TINY = ["dataset.image_size=32", "dataset.num_samples=6", "batch_size=4"]

@@ -10,6 +10,7 @@ test that runs it, or what does.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shlex
@@ -22,9 +23,11 @@ import pytest
 
 from tests.conftest import REPO, cli
 
-PAGES = sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
+PAGES = sorted((REPO / "docs").rglob("*.md")) + [REPO / "README.md"]
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 _SHELL = re.compile(r"[|;&<>`$]")  # syntax that only a shell reads
+_GLOB = re.compile(r"[*?[]")
+_TOKEN = re.compile(r"""(?:[^\s'"]+|'[^']*'|"(?:\\.|[^"\\])*")+""")  # a word, quotes and all
 # python -m <command> of probe's, which run in this process (tests.cli)
 _IN_PROCESS = {"probe", "probe.layers", "probe.merge", "probe.fit", "probe.gradcam",
                "probe.compare", "probe.encode"}
@@ -46,6 +49,11 @@ ELSEWHERE: dict[str, str] = {
     "-m slow": "pytest -m slow",
     "scontrol": "tests/test_slurm.py",
     "squeue": "tests/test_slurm.py",
+    "dataset.download=true": "torchvision's own download (needs the network)",
+    "python -m pytest": ".ci/run",
+    ".ci/run": "CI itself",
+    "h5ls": "tests/test_other_readers.py",
+    "h5dump": "tests/test_other_readers.py",
 }
 
 
@@ -103,13 +111,26 @@ def test_every_command_of_the_page_runs(page, sandbox, tmp_path):
 
 
 def _run(command: str, cwd: Path) -> subprocess.CompletedProcess:
-    words = shlex.split(command, comments=True) if not _SHELL.search(command) else []
+    words = _words(command, cwd) if not _SHELL.search(command) else []
     if words[:2] == ["python", "-m"] and len(words) > 2 and words[2] in _IN_PROCESS:
         return cli(*words[3:], cwd=cwd, module=words[2])
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # python: ours
     return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, "PATH": path},
                           timeout=1800)
+
+
+def _words(command: str, cwd: Path) -> list[str]:
+    # as bash splits them: quotes taken off, and an unquoted glob matched against the folder
+    words = []
+    for token in _TOKEN.findall(command):
+        if token.startswith("#"):
+            break
+        unquoted = not ({"'", '"'} & set(token))
+        token = shlex.split(token)[0]
+        matches = sorted(glob.glob(token, root_dir=cwd)) if unquoted and _GLOB.search(token) else []
+        words += matches or [token]
+    return words
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_page_id)

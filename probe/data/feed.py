@@ -2,7 +2,7 @@
 
 A feed turns dataset items into batches (``Batch``, each with its row layout:
 probe.data.layouts), says what its data is (``kind``, which a model family checks), which
-bookkeeping datasets it adds per sample, and counts progress. The planner, the dry run, the
+bookkeeping datasets it adds per sample, and counts progress. The plan, the dry run, the
 store and the writer only talk to a feed, so a new kind of data is a new feed, not a branch
 through them:
 

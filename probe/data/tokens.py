@@ -87,7 +87,7 @@ class TokenIds(Dataset):
         start, stop = int(self._offsets[index]), int(self._offsets[index + 1])
         if self.max_length is not None:
             stop = min(stop, start + int(self.max_length))
-        ids = torch.from_numpy(np.asarray(self._ids[start:stop], dtype=np.int64))
+        ids = torch.from_numpy(np.array(self._ids[start:stop], dtype=np.int64))  # a copy: mmap
         target = -1 if self.labels is None else int(self.labels[index])
         return {"input_ids": ids, "keep": torch.ones(len(ids), dtype=torch.bool),
                 "target": target, "document": None}

@@ -122,7 +122,6 @@ class Capture:
         # its last value (see arm)
         self.stop_early = stop_early and not self.needs_grad
         self._armed = False
-        # set by take() when copies from a CUDA device are still in flight
         # the CUDA devices whose device-to-host copies are in flight (a model spread over
         # several GPUs copies from each), and take()'s events for them
         self.copied: list[torch.cuda.Event] | None = None

@@ -5,7 +5,7 @@ for an extractor with a window of its own such as Whisper's 30 s, to that window
 loader's workers. Rows are frames, as tokens are for text: one per real frame of each clip
 (``keep``), recorded with its position in the clip (``/positions``; its time is
 ``position / frame_rate``, the root attr), never a frame of padding. Which frames are real is
-the model's own business: the planner gives the feed the family's length function
+the model's own business: the plan gives the feed the family's length function
 (``Feed.for_model``: wav2vec2's ``_get_feat_extract_output_lengths``) before any batch is made,
 which maps each clip's real input length (the extractor's mask) to its real frames.
 
@@ -61,7 +61,7 @@ class AudioFeed(Feed):
         """This feed for a model whose length function is ``output_lengths``."""
         return AudioFeed(output_lengths)
 
-    # -- what the planner asks ---------------------------------------------------------------
+    # -- what the plan asks -------------------------------------------------------------------
 
     def has_targets(self, dataset, sample: int) -> bool:
         return dataset.has_targets
