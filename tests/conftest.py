@@ -19,10 +19,12 @@ import numpy as np
 import pytest
 import torch
 import torchvision
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from torch import nn
 
 import probe
 import probe.file.writer
+from probe.config import CONFIG_DIR
 from probe.config.compose import compose
 from tests.cli import cli  # noqa: F401  (shared with the test modules)
 from tests.tiny import PacedImages, TinyNet  # noqa: F401  (shared with the test modules)
@@ -35,6 +37,12 @@ os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="probe-tests-hf-")
 atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 
+# Each xdist worker computes on one thread (its subprocesses too): two workers of two threads
+# each on two cores would wait on each other's spinning OpenMP threads
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 # Small enough for 2 CPU cores: 32 px images, a handful of samples.
 TINY = ["dataset.image_size=32", "dataset.num_samples=6", "batch_size=4"]
 # A model for the command line that imports in a second less than a torchvision one
@@ -45,17 +53,35 @@ def compose_cfg(*overrides: str, output: Path | None = None, tiny: bool = True):
     """conf/config.yaml composed with ``overrides`` (after TINY, unless another dataset is
     picked or ``tiny`` is false) and ``output.path=output`` unless an override sets it."""
     base = TINY if tiny and not any(o.startswith("dataset=") for o in overrides) else []
-    cfg = copy.deepcopy(_composed((*base, *overrides)))
+    wanted = [*base, *overrides]
+    groups = tuple(o for o in wanted if _is_group_override(o))
+    cfg = copy.deepcopy(_composed(groups))
+    values = [_parsed(o) for o in wanted if not _is_group_override(o)]
+    ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
     if output is not None and not any(o.startswith("output.path=") for o in overrides):
         cfg.output.path = str(output)
     return cfg
 
 
+# Hydra takes a good part of a second to compose a config, most of it making the defaults
+# list: a test's config is Hydra's composition of its group choices (model=, dataset=), made
+# once per session, with its other overrides applied by Hydra's own function, as Hydra
+# applies them after composing; each caller gets a copy of its own
 @functools.cache
-def _composed(overrides: tuple[str, ...]):
-    # Hydra takes a good part of a second to compose: a config is composed once per session,
-    # each caller gets a copy of its own (only output.path tells most tests' configs apart)
-    return compose(list(overrides))
+def _composed(groups: tuple[str, ...]):
+    return compose(list(groups))
+
+
+@functools.cache
+def _parsed(override: str):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_overrides([override])[0]
+
+
+def _is_group_override(override: str) -> bool:
+    key = override.split("=", 1)[0].lstrip("+~")
+    return "/" in key or (CONFIG_DIR / key).is_dir()
 
 
 @pytest.fixture

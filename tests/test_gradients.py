@@ -29,8 +29,9 @@ def _images(n: int = 6, size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])
 
 
-def _oracle(name, checkpoint, layers, objective):
-    """d objective / d each layer's output and first input, on a model without in-place ops."""
+def _oracle(name, checkpoint, layers, objective, batch_size: int = 4):
+    """d objective / d each layer's output and first input, on a model without in-place ops,
+    in the run's batches (TINY's batch_size: a batch of another size rounds otherwise)."""
     model = load_model(name, checkpoint, inplace=False)
     modules = dict(model.named_modules())
     seen: dict[str, torch.Tensor] = {}
@@ -40,16 +41,21 @@ def _oracle(name, checkpoint, layers, objective):
             lambda m, args, layer=layer: seen.__setitem__(f"{layer}/grad_input", args[0])))
         handles.append(modules[layer].register_forward_hook(
             lambda m, args, out, layer=layer: seen.__setitem__(f"{layer}/grad_output", out)))
-    images, targets = _images()
-    images.requires_grad_(True)
-    logits = model(images)
-    rows = torch.arange(len(logits))
-    chosen = logits.argmax(1) if objective == "top1" else targets
-    keys = sorted(seen)
-    grads = torch.autograd.grad(logits[rows, chosen].sum(), [seen[k] for k in keys])
+    all_images, all_targets = _images()
+    found: dict[str, list] = {}
+    for start in range(0, len(all_images), batch_size):
+        images = all_images[start:start + batch_size].requires_grad_(True)
+        targets = all_targets[start:start + batch_size]
+        logits = model(images)
+        rows = torch.arange(len(logits))
+        chosen = logits.argmax(1) if objective == "top1" else targets
+        keys = sorted(seen)
+        grads = torch.autograd.grad(logits[rows, chosen].sum(), [seen[k] for k in keys])
+        for key, grad in zip(keys, grads, strict=True):
+            found.setdefault(key, []).append(grad.numpy())
     for handle in handles:
         handle.remove()
-    return {k: g.numpy() for k, g in zip(keys, grads, strict=True)}
+    return {key: np.concatenate(parts) for key, parts in found.items()}
 
 
 @pytest.mark.parametrize("objective", ["top1", "target"])
