@@ -53,13 +53,19 @@ def compose_cfg(*overrides: str, output: Path | None = None, tiny: bool = True):
     """conf/config.yaml composed with ``overrides`` (after TINY, unless another dataset is
     picked or ``tiny`` is false) and ``output.path=output`` unless an override sets it."""
     base = TINY if tiny and not any(o.startswith("dataset=") for o in overrides) else []
-    wanted = [*base, *overrides]
-    groups = tuple(o for o in wanted if _is_group_override(o))
-    cfg = copy.deepcopy(_composed(groups))
-    values = [_parsed(o) for o in wanted if not _is_group_override(o)]
-    ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+    cfg = compose_command("config", *base, *overrides)
     if output is not None and not any(o.startswith("output.path=") for o in overrides):
         cfg.output.path = str(output)
+    return cfg
+
+
+def compose_command(name: str, *overrides: str, schema: type | None = None):
+    """conf/<name>.yaml composed with ``overrides``, as probe.config.compose composes it (see
+    _composed)."""
+    groups = tuple(o for o in overrides if _is_group_override(o))
+    cfg = copy.deepcopy(_composed(name, schema, groups))
+    values = [_parsed(o) for o in overrides if not _is_group_override(o)]
+    ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
     return cfg
 
 
@@ -68,8 +74,8 @@ def compose_cfg(*overrides: str, output: Path | None = None, tiny: bool = True):
 # once per session, with its other overrides applied by Hydra's own function, as Hydra
 # applies them after composing; each caller gets a copy of its own
 @functools.cache
-def _composed(groups: tuple[str, ...]):
-    return compose(list(groups))
+def _composed(name: str, schema: type | None, groups: tuple[str, ...]):
+    return compose(list(groups), name=name, schema=schema)
 
 
 @functools.cache

@@ -18,9 +18,8 @@ import yaml
 
 import probe
 from probe.analyses.compare import compare, write_similarity
-from probe.config.compose import compose
 from probe.errors import ConfigError, DataError
-from tests.conftest import REPO, TINY_NET, cli, compose_cfg
+from tests.conftest import REPO, TINY_NET, cli, compose_cfg, compose_command
 
 LAYERS = ["features.1", "features.3", "pool", "fc"]
 KEYS = [f"{layer}/output" for layer in LAYERS]
@@ -341,7 +340,7 @@ def _command_error(capsys, *overrides):
     from probe.analyses.compare.config import CompareConfig
     from probe.commands.compare import _compare
 
-    cfg = compose(list(overrides), name="compare", schema=CompareConfig)
+    cfg = compose_command("compare", *overrides, schema=CompareConfig)
     with pytest.raises(SystemExit) as stopped:
         _compare(cfg)
     err = capsys.readouterr().err

@@ -18,8 +18,7 @@ import torch
 import probe
 from probe.analyses.encode import encode
 from probe.analyses.encode.projection import SparseProjection
-from probe.config.compose import compose
-from tests.conftest import REPO, TINY_NET, cli, compose_cfg, error_line
+from tests.conftest import REPO, TINY_NET, cli, compose_cfg, compose_command, error_line
 from tests.test_compare import write_probe_file
 
 DATASET = 300  # samples in the made-up dataset; the file holds 240 of them
@@ -153,7 +152,7 @@ def _command(capsys, *overrides):
     from probe.analyses.encode.config import EncodeConfig
     from probe.commands.encode import _encode
 
-    cfg = compose(list(overrides), name="encode", schema=EncodeConfig)
+    cfg = compose_command("encode", *overrides, schema=EncodeConfig)
     return _encode(cfg)
 
 

@@ -20,15 +20,21 @@ def resnet18():
     return torchvision.models.resnet18().eval()
 
 
+@pytest.fixture(scope="module")
+def vgg11_state():
+    """A state_dict of another model than resnet18 (made once: vgg11 takes seconds)."""
+    return torchvision.models.vgg11().state_dict()
+
+
 def _one_line(err) -> str:
     text = str(err.value)
     assert "\n" not in text
     return text
 
 
-def test_a_state_dict_of_another_model_names_the_keys(resnet18, tmp_path):
+def test_a_state_dict_of_another_model_names_the_keys(resnet18, vgg11_state, tmp_path):
     path = tmp_path / "vgg.pt"
-    torch.save(torchvision.models.vgg11().state_dict(), path)
+    torch.save(vgg11_state, path)
     with pytest.raises(ConfigError) as err:
         load_checkpoint(torchvision.models.resnet18(), path)
     text = _one_line(err)
@@ -37,7 +43,7 @@ def test_a_state_dict_of_another_model_names_the_keys(resnet18, tmp_path):
     assert "unexpected keys classifier.0.bias" in text and "more)" in text
 
 
-def test_a_dataparallel_state_dict_loads(resnet18, tmp_path):
+def test_a_dataparallel_state_dict_loads(resnet18, vgg11_state, tmp_path):
     path = tmp_path / "parallel.pt"
     torch.save({f"module.{k}": v for k, v in resnet18.state_dict().items()}, path)
     model = torchvision.models.resnet18()
@@ -45,8 +51,7 @@ def test_a_dataparallel_state_dict_loads(resnet18, tmp_path):
     for name, value in resnet18.state_dict().items():
         assert torch.equal(model.state_dict()[name], value), name
     wrong = tmp_path / "parallel-vgg.pt"
-    torch.save({f"module.{k}": v for k, v in torchvision.models.vgg11().state_dict().items()},
-               wrong)
+    torch.save({f"module.{k}": v for k, v in vgg11_state.items()}, wrong)
     with pytest.raises(ConfigError, match=r"start with 'module.' \(saved from nn.DataParallel\) "
                                           "but do not match even without it"):
         load_checkpoint(model, wrong)
