@@ -116,10 +116,11 @@ def main() -> None:
         cfg = _cfg(model_dir, root, tmp / "b.h5")
         plain = _cfg(model_dir, root, tmp / "p.h5", "bucket_by_length=false")
         dataset = build_dataset(cfg)
-        family_for(cfg.model, model).check_data(model, dataset.feed)  # binds the frames
+        # the feed that knows the model's frames, as the plan makes it
+        feed = dataset.feed.for_model(family_for(cfg.model, model).output_lengths(model))
         every = list(range(len(dataset)))
-        loader = list(dataset.feed.loader(dataset, every, Batching(8)))
-        frames = sum(int(b.keep.sum()) for b in loader)
+        loader = list(feed.loader(dataset, every, Batching(8)))
+        frames = sum(int(b.layout.keep.sum()) for b in loader)
         seconds = sum(len(dataset[i]["audio"]) for i in every) / dataset.sampling_rate
         head = copy.deepcopy(model)
         head.encoder.layers = head.encoder.layers[:BLOCK + 1]  # the model up to LAYER

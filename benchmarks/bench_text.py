@@ -177,7 +177,7 @@ def main() -> None:
         cfg = _cfg(model_dir, docs, tmp / "f.h5")
         dataset = build_dataset(cfg)
         loader = batches(dataset, dataset.feed)
-        tokens = sum(int(b.keep.sum()) for b in loader)
+        tokens = sum(int(b.layout.keep.sum()) for b in loader)
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {len(dataset)} "
               f"documents, {tokens} tokens; padding is {padded_share(dataset, Batching(16)):.0%} "
               f"of the positions in batches of 16 in dataset order, "
