@@ -115,29 +115,67 @@ def test_merge_cli(shards, tmp_path, monkeypatch, capsys):
                                        "shard file\n")
 
 
-def test_the_sweep_callback_merges_each_complete_set(shards, single, tmp_path):
+def _sweep(tmp_path, parts, count: int | None = None):
+    """A sweep folder laid out as a multirun's jobs are, one job per shard file (shards 0, 1,
+    ... of ``count``, by default as many as there are files); its config."""
     import shutil
 
     import yaml
     from omegaconf import OmegaConf
 
-    from probe.commands.merge import MergeShards
     from probe.config.schema import NEUTRAL_KEYS
 
-    sweep = tmp_path / "sweep"  # laid out as a multirun's jobs are
-    for k, part in enumerate(shards(2)):
+    sweep = tmp_path / "sweep"
+    for k, part in enumerate(parts):
         job = sweep / f"job{k}"
         (job / ".hydra").mkdir(parents=True)
         shutil.copy(part, job / "features.h5")
-        overrides = [*RUN, "shard.count=2", f"shard.index={k}"]
+        overrides = [*RUN, f"shard.count={count or len(parts)}", f"shard.index={k}"]
         (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}, "job": {"config": {
+    return sweep, OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}, "job": {"config": {
         "override_dirname": {"exclude_keys": list(NEUTRAL_KEYS)}}}}})
+
+
+def test_the_sweep_callback_merges_each_complete_set(shards, single, tmp_path):
+    from probe.commands.merge import MergeShards
+
+    sweep, config = _sweep(tmp_path, shards(2))
     MergeShards().on_multirun_end(config)
     (merged,) = sweep.glob("*.h5")
     assert merged.name == ("hooks-forward+backward+layers-layer4+fc+limit-5+model-resnet18+"
                            "shard.count-2.h5")
     _assert_equal_files(merged, single)
+
+
+def test_a_set_that_does_not_merge_fails_the_sweep_in_one_line(shards, tmp_path, monkeypatch,
+                                                              capsys):
+    """As a pairs run's captions did (h5py could not map strings): the sweep exited 0 with a
+    Hydra warning and no merged file."""
+    from probe.commands.merge import MergeShards
+
+    sweep, config = _sweep(tmp_path, shards(2))
+
+    def broken(out, shards, **options):
+        raise TypeError("no appropriate function for conversion path")
+    monkeypatch.setattr(probe.file.merge, "merge", broken)
+    capsys.readouterr()  # the shards' runs' progress bars
+    with pytest.raises(SystemExit) as exit_:  # not an Exception: Hydra would only warn
+        MergeShards().on_multirun_end(config)
+    assert exit_.value.code == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("probe: error: the shards of hooks-forward+backward") and (
+        "did not merge (TypeError: no appropriate function for conversion path); merge them "
+        "with python -m probe.merge -o ") in line, line
+    assert not list(sweep.glob("*.h5"))
+
+
+def test_a_sweep_of_some_shards_only_is_left_unmerged(shards, tmp_path, caplog):
+    from probe.commands.merge import MergeShards
+
+    sweep, config = _sweep(tmp_path, shards(3)[:2], count=3)
+    with caplog.at_level("INFO"):
+        MergeShards().on_multirun_end(config)  # no SystemExit
+    assert "are missing" in caplog.text and not list(sweep.glob("*.h5"))
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from probe.commands.flags import refuse_unknown_flags
 from probe.config import CONFIG_DIR, folders  # noqa: F401  (folders: the run folder's resolver)
 from probe.errors import ProbeError, RunStopped
 
-__all__ = ["exit_on_user_error", "hydra_command"]
+__all__ = ["exit_on_user_error", "hydra_command", "to_log_files"]
 
 log = logging.getLogger("probe")
 
@@ -38,17 +38,17 @@ def exit_on_user_error(task: Callable) -> Callable:
         try:
             return task(*args, **kwargs)
         except RunStopped as stopped:
-            _to_log_files(logging.WARNING, str(stopped))
+            to_log_files(logging.WARNING, str(stopped))
             print(f"probe: {stopped}", file=sys.stderr)
             sys.exit(stopped.exit_code)
         except ProbeError as err:
-            _to_log_files(logging.ERROR, str(err))
+            to_log_files(logging.ERROR, str(err))
             print(f"probe: error: {err}", file=sys.stderr)
             sys.exit(1)
     return wrapped
 
 
-def _to_log_files(level: int, message: str) -> None:
+def to_log_files(level: int, message: str) -> None:
     # the console already gets the printed line; the run's log file should have it too
     record = log.makeRecord(log.name, level, __file__, 0, message, None, None)
     for handler in logging.getLogger().handlers:

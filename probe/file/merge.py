@@ -45,9 +45,14 @@ from probe.file.format import (
 )
 from probe.file.store import chunk_shape, filter_options
 
-__all__ = ["merge", "missing_value"]
+__all__ = ["merge", "missing_value", "ShardsMissing"]
 
 log = logging.getLogger(__name__)
+
+class ShardsMissing(OutputError):
+    """Some shards of the run are not there, or not finished: nothing is wrong with those that
+    are (a sweep that ran some shards only leaves its set unmerged for this reason alone)."""
+
 
 # what may differ between the shards of one run (the cover check below sees to the rest)
 _SHARD_KEYS = ("shard.index", "shard.count")
@@ -105,7 +110,7 @@ def _sources(path: Path) -> list[Path]:
 def _read_shard(path: Path) -> dict:
     if not path.is_file():
         hint = " (its run has not finished)" if partial_path(path).exists() else ""
-        raise OutputError(f"shard {str(path)!r} does not exist{hint}")
+        raise ShardsMissing(f"shard {str(path)!r} does not exist{hint}")
     try:
         with h5py.File(path, "r") as f:
             state = read_state(f, path)
@@ -115,7 +120,8 @@ def _read_shard(path: Path) -> dict:
     except (OSError, KeyError) as err:
         raise OutputError(f"shard {str(path)!r} is not a readable probe file ({err})") from None
     if not state.complete:
-        raise OutputError(f"shard {str(path)!r} is not complete; run its job again to finish it")
+        raise ShardsMissing(f"shard {str(path)!r} is not complete; run its job again to "
+                            "finish it")
     return {"path": path.absolute(), "attrs": state.attrs, "datasets": datasets,
             "index_rows": index, "config": yaml.safe_load(state.config), "rows": len(index),
             "index": int(state.attrs[Attr.SHARD_INDEX]),
@@ -179,8 +185,8 @@ def _check_cover(infos: list[dict], into: tuple[int, int]) -> None:
         missing = sorted(set(range(step)) - {info["start"] for info in infos})
         if missing:
             named = [into[0] + into[1] * start for start in missing]
-            raise OutputError(f"shard(s) {named} of {infos[0]['count']} are missing; pass every "
-                              "shard file")
+            raise ShardsMissing(f"shard(s) {named} of {infos[0]['count']} are missing; pass "
+                                "every shard file")
         return
     # shards of several splits (one job's ranks beside another job's file): the positions
     # start mod step of two shards meet unless the starts differ modulo gcd(steps)
@@ -190,8 +196,8 @@ def _check_cover(infos: list[dict], into: tuple[int, int]) -> None:
                               f"shard {b['index']} of {b['count']} ({str(b['path'])!r}) hold "
                               "some of the same samples")
     if sum(Fraction(1, info["step"]) for info in infos) != 1:
-        raise OutputError(f"the shards {sorted(seen)} (index, count) leave samples out; pass "
-                          "every shard file")
+        raise ShardsMissing(f"the shards {sorted(seen)} (index, count) leave samples out; "
+                            "pass every shard file")
 
 
 def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool,
@@ -223,7 +229,10 @@ def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool,
         shapes = [info["datasets"][name][0] for info in infos]
         full_shape = (sum(shape[0] for shape in shapes) - (len(infos) - 1) * (name == OFFSETS),
                       *shapes[0][1:])
-        bookkeeping = name in (INDEX, TARGET, OFFSETS, FILE)
+        # Small per-sample datasets are copied; so are strings (a file name, a caption, a
+        # transcript), which HDF5 cannot map: h5py has no conversion for a virtual dataset of
+        # variable-length strings.
+        bookkeeping = name in (INDEX, TARGET, OFFSETS, FILE) or _is_string(dtype)
         if bookkeeping or copy:
             options = {} if bookkeeping else filter_options(output.get("compression", "none"),
                                                             output.get("compression_level"))
@@ -251,6 +260,10 @@ def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool,
                     layout[info["start"]::info["step"]] = source
             dataset = f.create_virtual_dataset(name, layout, fillvalue=missing_value(dtype))
         dataset.attrs.update(dataset_attrs)
+
+
+def _is_string(dtype: np.dtype) -> bool:
+    return h5py.check_string_dtype(dtype) is not None or h5py.check_vlen_dtype(dtype) is not None
 
 
 def _read(path: Path, name: str) -> np.ndarray:
