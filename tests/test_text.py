@@ -359,6 +359,31 @@ def test_bad_text_input_is_one_line_and_no_file(text_cfg, tmp_path, overrides, e
     assert no_h5_files(tmp_path)
 
 
+def test_a_document_beyond_the_models_positions_is_refused_in_the_plan(text_cfg, tmp_path):
+    """Not by the model mid-run (the dry run reads the first document only): every length is
+    known before the run; a corpus read as it comes must be cut within the positions."""
+    from tests.tiny_text import WORDS
+
+    docs = write_jsonl(tmp_path / "long.jsonl", ["a short one", " ".join(WORDS * 40)])
+    with pytest.raises(ConfigError, match=r"^dataset sample 1 has \d+ tokens, beyond the 128 "
+                                          r"positions of GPT2LMHeadModel \(1 samples are\); set "
+                                          r"dataset.max_length=128 \(or less\) to cut them$"):
+        probe.run(text_cfg("layers=[transformer.h.0]", f"dataset.path={docs}",
+                           "dataset.max_length=1000000"))
+    with pytest.raises(ConfigError, match=r"^dataset.max_length=1000000 is beyond the 128 "
+                                          r"positions of GPT2LMHeadModel, and a corpus read as"):
+        probe.run(text_cfg("layers=[transformer.h.0]", "dataset.streaming=true",
+                           "dataset.max_length=1000000"))
+    assert no_h5_files(tmp_path)
+
+
+def test_the_repr_of_a_file_of_token_rows_counts_samples_and_rows(text_cfg):
+    with probe.open(probe.run(text_cfg("layers=[transformer.h.0]"))) as f:
+        assert f.num_rows == len(DOCS)
+        assert (f"{len(DOCS)} samples, {int(f.offsets[-1])} position rows, complete"
+                in repr(f)), repr(f)
+
+
 def test_the_layer_listing_is_per_token(text_cfg):
     from probe.pipeline.listing import layer_table
 
@@ -390,7 +415,7 @@ def test_sigkill_then_resume_a_text_run(tiny_lm, tmp_path):
                 time.sleep(0.05)
             time.sleep(1.0 + attempt)
             process.kill()
-        _, stderr = process.communicate(timeout=600)
+        _, stderr = process.communicate(timeout=1800)
     assert process.returncode == 0, stderr
     whole = probe.run(compose_cfg(*args[:-1], output=tmp_path / "whole.h5", tiny=False))
     assert_same_datasets(tmp_path / "f.h5", whole, ("index", "offsets", "input_ids",

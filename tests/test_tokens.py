@@ -11,7 +11,7 @@ import pytest
 
 import probe
 from probe.errors import ConfigError, DataError
-from tests.conftest import assert_same_datasets
+from tests.conftest import assert_same_datasets, no_h5_files
 from tests.tiny_text import documents, write_jsonl
 
 pytest.importorskip("transformers")
@@ -78,6 +78,21 @@ def test_max_length_truncates_and_says_how_many(make_cfg, tiny_lm, tmp_path, cor
      ["dataset.path={d}/x.jsonl"], ConfigError, r"row 1 of .*: not a list of integer ids"),
     (lambda d: (d / "x.jsonl").write_text('{"ids": [1, 2]}\n'), ["dataset.path={d}/x.jsonl"],
      ConfigError, r"dataset.column='input_ids' is not a column of .*; it has ids"),
+    # caught in the plan, not by the model mid-run: neither is the first document
+    (lambda d: (d / "x.jsonl").write_text(json.dumps({"input_ids": [1, 2]}) + "\n"
+                                          + json.dumps({"input_ids": list(range(3, 203))})),
+     ["dataset.path={d}/x.jsonl"], ConfigError,
+     r"^dataset sample 1 has 200 tokens, beyond the 128 positions of GPT2LMHeadModel \(1 "
+     r"samples are\); set dataset.max_length=128 \(or less\) to cut them$"),
+    (lambda d: (d / "x.jsonl").write_text('{"input_ids": [1, 2]}\n{"input_ids": [3]}\n'
+                                          '{"input_ids": [4, 99999, 5]}\n'),
+     ["dataset.path={d}/x.jsonl"], ConfigError,
+     r"^dataset sample 2 holds token id 99999, outside the vocabulary of GPT2LMHeadModel "
+     r"\(ids 0 to \d+\); are the ids from this model's tokenizer\?$"),
+    (lambda d: (np.save(d / "x.npy", np.array([1, 2, 3, -4, 5])),
+                np.save(d / "o.npy", np.array([0, 2, 5]))),
+     ["dataset.path={d}/x.npy", "dataset.offsets={d}/o.npy"], ConfigError,
+     r"^dataset sample 1 holds token id -4, outside the vocabulary"),
 ])
 def test_bad_ids_are_one_line(make_cfg, tiny_lm, tmp_path, write, dataset, error, message):
     if write is not None:
@@ -85,3 +100,15 @@ def test_bad_ids_are_one_line(make_cfg, tiny_lm, tmp_path, write, dataset, error
     with pytest.raises(error, match=message):
         probe.run(make_cfg("model=transformers", f"model.name={tiny_lm}", "dataset=tokens",
                            *(d.format(d=tmp_path) for d in dataset), "layers=[transformer.h.1]"))
+    assert no_h5_files(tmp_path)
+
+
+def test_ids_that_max_length_cuts_off_are_not_checked(make_cfg, tiny_lm, tmp_path):
+    """Only the ids a sample feeds the model count: these are cut by max_length."""
+    (tmp_path / "x.jsonl").write_text(json.dumps({"input_ids": [1, 2]}) + "\n"
+                                      + json.dumps({"input_ids": [*range(3, 150), 99999]}))
+    path = probe.run(make_cfg("model=transformers", f"model.name={tiny_lm}", "dataset=tokens",
+                              f"dataset.path={tmp_path / 'x.jsonl'}", "dataset.max_length=100",
+                              "layers=[transformer.h.1]"))
+    with probe.open(path) as f:
+        assert np.diff(f.offsets).tolist() == [2, 100]

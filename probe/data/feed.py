@@ -35,7 +35,7 @@ from probe.file.format import DatasetSpec
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DataKind", "Feed", "Batch", "Batching", "batch_loader", "bad_sample",
+__all__ = ["DataKind", "Feed", "Batch", "Batching", "ModelLimits", "batch_loader", "bad_sample",
            "leave_stop_signals_to_the_run", "LoadedItems", "loadable"]
 
 
@@ -106,6 +106,15 @@ class Batching:
         return _GROUP_BATCHES * self.batch_size
 
 
+@dataclass(frozen=True)
+class ModelLimits:
+    """What inputs a model can take at most (its family knows): None where it has no limit."""
+
+    positions: int | None = None  # sequence positions (learned absolute position embeddings)
+    vocabulary: int | None = None  # token ids run from 0 to vocabulary - 1
+    model: str = "the model"  # its name, for a message
+
+
 class Feed(Protocol):
     """How one kind of data reaches the model (see the module's docstring). A feed may derive
     from this class for the defaults it gives."""
@@ -124,6 +133,15 @@ class Feed(Protocol):
         real positions (the model family's own length function; None where outputs keep the
         input's positions): itself, for a kind of data whose rows do not depend on it."""
         return self
+
+    def check_fits(self, dataset: Dataset, selection: Selection, limits: ModelLimits) -> None:
+        """Refuse samples that the model cannot take (a document longer than its positions,
+        a token id outside its vocabulary) before any is computed: the whole selection where
+        it is known, else what the dataset's options allow.
+
+        Raises:
+            ConfigError: naming the first such sample and the option to set.
+        """
 
     def has_targets(self, dataset: Dataset, sample: int) -> bool:
         """Whether the dataset's samples have targets (stored as /target), as ``sample``, one

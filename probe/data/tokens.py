@@ -31,6 +31,7 @@ __all__ = ["TokenIds"]
 log = logging.getLogger(__name__)
 
 _READERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_SCAN_IDS = 1 << 24  # ids read at a time when checking them against the vocabulary
 
 
 class TokenIds(Dataset):
@@ -97,6 +98,25 @@ class TokenIds(Dataset):
         return lengths if self.max_length is None else np.minimum(lengths, self.max_length)
 
     stored_lengths = lengths  # every id is stored
+
+    def first_id_outside(self, vocabulary: int, indices: list[int]) -> tuple[int, int] | None:
+        """Read a block of ids at a time (the corpus may be larger than memory); only the ids
+        that a selected sample feeds count (max_length cuts the rest)."""
+        selected = np.zeros(len(self), dtype=bool)
+        selected[np.asarray(indices, dtype=np.int64)] = True
+        for start in range(0, len(self._ids), _SCAN_IDS):
+            block = np.asarray(self._ids[start:start + _SCAN_IDS])
+            bad = np.flatnonzero((block < 0) | (block >= vocabulary))
+            if not len(bad):
+                continue
+            documents = np.searchsorted(self._offsets, bad + start, side="right") - 1
+            fed = selected[documents]
+            if self.max_length is not None:
+                fed &= bad + start < self._offsets[documents] + int(self.max_length)
+            if fed.any():
+                first = int(np.argmax(fed))
+                return int(documents[first]), int(block[bad[first]])
+        return None
 
     def describe(self) -> dict:
         return {"source": str(self.path), "max_length": -1 if self.max_length is None else

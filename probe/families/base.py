@@ -5,7 +5,8 @@ differs.
     Builds        which family serves a model: ``recognizes``, ``specialise``, ``libraries``
     Preprocesses  the data's preprocessing that the model expects: ``transform``, ``tokenizer``
     FeedsAndReads a batch in, its row layout, the output read: ``place``, ``layout``,
-                  ``output_lengths``, ``forward``, ``logits``, ``objective``, ``example_batch``
+                  ``output_lengths``, ``input_limits``, ``forward``, ``logits``,
+                  ``objective``, ``example_batch``
     Checks        data and layers the model cannot take: ``reads``, ``towers``, ``check``,
                   ``refusal``
 
@@ -25,7 +26,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from probe.config.schema import Reduce
-from probe.data.feed import Batch, DataKind, Feed
+from probe.data.feed import Batch, DataKind, Feed, ModelLimits
 from probe.data.layouts import RowLayout
 from probe.errors import ConfigError
 
@@ -73,6 +74,10 @@ class FeedsAndReads(Protocol):
         """The model's own count of real output positions for real input lengths (a
         strided stem's), which a feed of such data needs (``Feed.for_model``); None where the
         outputs keep the input's positions."""
+
+    def input_limits(self, model: nn.Module) -> ModelLimits:
+        """The most the model's inputs can hold (positions, token ids), which the feed checks
+        every sample against before the run (``Feed.check_fits``)."""
 
     def forward(self, model: nn.Module, batch: Batch, *, input_grad: bool = False):
         """The model's output for a batch on the device; with ``input_grad`` the autograd graph
@@ -144,6 +149,9 @@ class Family:
     def output_lengths(self, model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
         return None
 
+    def input_limits(self, model: nn.Module) -> ModelLimits:
+        return ModelLimits(model=type(model).__name__)
+
     def forward(self, model: nn.Module, batch: Batch, *, input_grad: bool = False):
         inputs = batch.inputs
         if input_grad:
@@ -158,6 +166,11 @@ class Family:
             raise ConfigError("objective=nll is a language model's next-token loss; this model "
                               "gives class logits: use objective=top1 or target (nll needs "
                               "model=transformers with dataset=text)")
+        if name == "similarity":
+            raise ConfigError("objective=similarity is the matched image-text logit of a "
+                              "two-tower model; this model gives class logits: use "
+                              "objective=top1 or target (similarity needs a CLIP-like "
+                              "model.name with dataset=pairs)")
         if name not in ("top1", "target"):
             raise ConfigError(f"objective={name!r} is unknown; use top1, target, or a config "
                               "with a _target_ callable (logits, targets) -> one value per "

@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from probe.config.schema import Dtype
-from probe.data.feed import Batch, DataKind, Feed
+from probe.data.feed import Batch, DataKind, Feed, ModelLimits
 from probe.errors import ConfigError
 from probe.families import hf_audio, hf_vision
 from probe.families.base import Family, graph_from
@@ -192,6 +192,17 @@ class TransformersFamily(Family):
         return (f"{type(model).__name__} is a language model: it reads text, not these inputs; "
                 "add dataset=text dataset.path=<a .txt, .jsonl, .csv or .parquet file> (or "
                 "dataset=tokens dataset.path=<token ids>)")
+
+    def input_limits(self, model: nn.Module) -> ModelLimits:
+        # Positions are a limit where they are learned: an embedding of max_position_embeddings
+        # rows (GPT-2's wpe, BERT's) fails past its end; rotary positions (Llama, Qwen) do not.
+        embeddings = model.get_input_embeddings()
+        positions = getattr(model.config, "max_position_embeddings", None)
+        learned = positions is not None and any(
+            isinstance(m, nn.Embedding) and m is not embeddings and m.num_embeddings == positions
+            for m in model.modules())
+        return ModelLimits(positions=int(positions) if learned else None,
+                           vocabulary=int(embeddings.num_embeddings), model=type(model).__name__)
 
     def forward(self, model: nn.Module, batch: Batch, *, input_grad: bool = False):
         # token ids have no gradient: the graph starts at the input embeddings instead

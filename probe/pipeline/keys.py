@@ -46,15 +46,20 @@ class KeyTransform:
 
 def key_transform(key: str, raw_shape: tuple[int, ...], *, reduce: Reduce,
                   layout: RowLayout = SAMPLE_ROWS, follows: bool = False,
-                  pool: Tokens = Tokens.all, dtype: torch.dtype | None = None) -> KeyTransform:
+                  pool: Tokens = Tokens.all, dtype: torch.dtype | None = None,
+                  channels_first: bool = True) -> KeyTransform:
     """The transform of ``key``, whose captured tensor has ``raw_shape`` (batch axis first)
-    and ``follows`` the batches' ``layout`` or not; ``pool`` is the config's ``tokens``.
+    and ``follows`` the batches' ``layout`` or not; ``pool`` is the config's ``tokens``;
+    ``channels_first``: whether a row of two axes is (channel, length) as a 1-d convolution
+    gives it, or (token, feature) as a transformer's layers do (probe.pipeline.modules).
 
     Raises:
         ConfigError: a pool or reduce that the layout's rows cannot take.
     """
     own = layout if follows else SAMPLE_ROWS
     rows, dims, per_position = own.stored(key, tuple(raw_shape[1:]), pool, reduce)
+    if not follows and len(rows) == 2 and not channels_first:
+        dims = ("sample", "token", "feature")
     if reduce in (Reduce.mean, Reduce.max) and len(rows) > 1:
         rows, dims = rows[:1], dims[:2]
     elif reduce is Reduce.flatten and len(rows) > 1:
@@ -66,15 +71,18 @@ def key_transform(key: str, raw_shape: tuple[int, ...], *, reduce: Reduce,
 
 def transforms_for(shapes: Mapping[str, tuple[int, ...]], follows: set[str],
                    reduces: Mapping[str, Reduce], *, layout: RowLayout, pool: Tokens,
-                   dtype: torch.dtype | None) -> dict[str, KeyTransform]:
+                   dtype: torch.dtype | None, channels_first: set[str] = frozenset()
+                   ) -> dict[str, KeyTransform]:
     """The transform of every key of a dry run: its raw ``shapes``, the keys that follow the
-    batches' ``layout``, each layer's reduce, and the config's ``tokens`` as ``pool``.
+    batches' ``layout``, each layer's reduce, the config's ``tokens`` as ``pool``, and the
+    layers whose rows of two axes are (channel, length).
 
     Raises:
         ConfigError: a pool or reduce that the layout's rows cannot take.
     """
     return {key: key_transform(key, shape, reduce=reduces[split_key(key)[0]], layout=layout,
-                               follows=key in follows, pool=pool, dtype=dtype)
+                               follows=key in follows, pool=pool, dtype=dtype,
+                               channels_first=split_key(key)[0] in channels_first)
             for key, shape in shapes.items()}
 
 

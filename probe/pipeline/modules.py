@@ -19,7 +19,8 @@ from torch import nn
 from probe.errors import ConfigError
 from probe.families.base import first_tensor
 
-__all__ = ["resolve_layers", "match_layers", "is_glob", "describe_layers", "LayerInfo"]
+__all__ = ["resolve_layers", "match_layers", "is_glob", "describe_layers", "LayerInfo",
+           "lays_channels_first"]
 
 _GLOB_CHARS = set("*?[")
 
@@ -59,6 +60,25 @@ def match_layers(names: Iterable[str], pattern: str) -> list[str]:
 def is_glob(pattern: str) -> bool:
     """Whether ``pattern`` holds a glob character (``*``, ``?`` or ``[``)."""
     return bool(_GLOB_CHARS & set(pattern))
+
+
+# torch's modules that take and give (N, C, L): channels first, then length
+_CHANNELS_FIRST_1D = (nn.Conv1d, nn.ConvTranspose1d, nn.BatchNorm1d, nn.InstanceNorm1d,
+                      nn.MaxPool1d, nn.AvgPool1d, nn.AdaptiveAvgPool1d, nn.AdaptiveMaxPool1d,
+                      nn.LPPool1d)
+# ... and those that give features last: (N, L, D)
+_FEATURES_LAST = (nn.Linear, nn.MultiheadAttention, nn.Embedding)
+
+
+def lays_channels_first(module: nn.Module) -> bool:
+    """Whether a (N, A, B) tensor of ``module`` is (sample, channel, length), as a 1-d
+    convolution lays it out, rather than (sample, token, feature), as linear layers, attention
+    and embeddings (so transformer blocks, a ViT's patch embedding, a text tower) do. The
+    module is read as a 1-d convolution where it is one, or holds one and no linear layer (a
+    speech model's convolutional stem)."""
+    kinds = [type(m) for m in module.modules()]
+    return (any(issubclass(k, _CHANNELS_FIRST_1D) for k in kinds)
+            and not any(issubclass(k, _FEATURES_LAST) for k in kinds))
 
 
 def _unknown_layer_message(pattern: str, names: list[str]) -> str:

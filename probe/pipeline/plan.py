@@ -56,7 +56,7 @@ from probe.pipeline.fingerprint import (
 )
 from probe.pipeline.hooks import Capture
 from probe.pipeline.keys import transforms_for
-from probe.pipeline.modules import is_glob, match_layers
+from probe.pipeline.modules import is_glob, lays_channels_first, match_layers
 from probe.pipeline.objectives import Objective, make_objective
 
 __all__ = ["Plan", "plan"]
@@ -168,6 +168,7 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     feed = feed.for_model(family.output_lengths(model))
     batching = _batching(config, feed, device)
     selection = _selection(config, dataset)
+    feed.check_fits(dataset, selection, family.input_limits(model))
     resume = (0, 0, 0) if found is None else _resume_point(found, selection, batching)
     if found is not None:
         log.info("resuming %s after %d committed rows", found.path, resume[1])
@@ -182,9 +183,11 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     shown = dry_run(capture, family, feed, batches, device, objective)
     dry_run_seconds = time.perf_counter() - started
     shown.layout.check(shown.plain, config.needs_grad)
-    capture.transforms = transforms_for(shown.shapes, shown.follows, capture.reduces,
-                                        layout=shown.layout, pool=config.tokens,
-                                        dtype=out.dtype.torch)
+    modules = dict(model.named_modules())
+    capture.transforms = transforms_for(
+        shown.shapes, shown.follows, capture.reduces, layout=shown.layout, pool=config.tokens,
+        dtype=out.dtype.torch,
+        channels_first={layer for layer in capture.layers if lays_channels_first(modules[layer])})
     capture.arm()  # the dry run counted every hooked module's runs
     if config.tokens.name != "all" and not shown.follows:
         log.warning("%s=%s has no effect: no stored output of this model has a position axis "
@@ -253,6 +256,9 @@ def _selection(config: ProbeConfig, dataset) -> Selection:
     except TypeError:  # read as it comes: its length is not known before its end
         size = None
     if size is not None:
+        if config.limit is not None and config.limit > size:
+            log.warning("limit=%d is beyond the dataset's %d samples: the run takes all %d",
+                        config.limit, size, size)
         return select_indices(size, config.limit, shard.index, shard.count,
                               subset=config.subset.name, seed=config.seed)
     if config.subset is Subset.random:
@@ -312,7 +318,8 @@ def _log_plan(config: ProbeConfig, path: Path, capture: Capture, device: torch.d
              len(capture.layers), [h.name for h in capture.hooks], size, path)
     if config.output.compression.name == "lzf":
         log.info("output.compression=lzf: only h5py reads lzf; the HDF5 C tools, MATLAB, Julia "
-                 "and R show its datasets as empty. Use gzip for files that leave Python")
+                 "and R print DATA {} for each compressed chunk, without an error (h5dump exits "
+                 "0, h5diff 2). Use gzip for files that leave Python")
 
 
 def _require_same_inputs(found: FileState, fingerprints: dict) -> None:

@@ -180,6 +180,20 @@ class TextDataset(Dataset):
                           f"{self.tokenizer_name!r} has none (no eos_token, no sep_token); use "
                           "packing=false")
 
+    def first_id_outside(self, vocabulary: int, indices: list[int]) -> tuple[int, int] | None:
+        """The model's own tokenizer gives ids inside its vocabulary, unless it has tokens
+        the model does not (added tokens without resized embeddings): only then are the ids
+        read."""
+        if len(self.tokenizer) <= vocabulary:
+            return None
+        for index in indices:
+            ids = (self._packed[index]["input_ids"].numpy() if self.packing
+                   else self.tokens([index])[0])
+            outside = ids[(ids < 0) | (ids >= vocabulary)]
+            if len(outside):
+                return index, int(outside[0])
+        return None
+
     def lengths(self, indices: list[int]) -> np.ndarray:
         """How many tokens each of these samples feeds the model (special tokens included)."""
         if self.packing:

@@ -23,11 +23,11 @@ from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
 from probe.data.buckets import plan_batches, planned_batches
-from probe.data.feed import Batch, Batching, DataKind, Feed, LoadedItems, loadable
+from probe.data.feed import Batch, Batching, DataKind, Feed, LoadedItems, ModelLimits, loadable
 from probe.data.layouts import Positions
 from probe.data.selection import OpenSelection, Selection
 from probe.data.text.stream import stream_items
-from probe.errors import DataError
+from probe.errors import ConfigError, DataError
 from probe.file.format import DOCUMENT, INPUT_IDS, POSITIONS, DatasetSpec
 
 __all__ = ["TextFeed", "Sequences"]
@@ -53,6 +53,10 @@ class Sequences(Protocol):
     def describe(self) -> dict:
         """Root attrs that say how the sequences were made (tokenizer, max_length, ...)."""
 
+    def first_id_outside(self, vocabulary: int, indices: list[int]) -> tuple[int, int] | None:
+        """The first of these samples that feeds an id outside 0 .. vocabulary - 1, and that
+        id; None where every id is inside."""
+
 
 class TextFeed(Feed):
     """The feed of token sequences: see the module's docstring."""
@@ -62,6 +66,35 @@ class TextFeed(Feed):
     positions = True
     hint = "a dataset.max_length beyond the model's positions?"
     targets_hint = "dataset.label_column, a column of integer labels"
+
+    def check_fits(self, dataset: Sequences, selection: Selection, limits: ModelLimits) -> None:
+        """Every sample within the model's positions and its ids within its vocabulary (the
+        lengths are known before the run, unless the corpus is read as it comes: then its
+        max_length must be within the positions)."""
+        positions, longest = limits.positions, getattr(dataset, "max_length", None)
+        if isinstance(selection, OpenSelection):
+            if positions is not None and (longest is None or longest > positions):
+                raise ConfigError(
+                    f"dataset.max_length={longest} is beyond the {positions} positions of "
+                    f"{limits.model}, and a corpus read as it comes has no lengths before the "
+                    f"run; set dataset.max_length={positions} (or less)")
+            return
+        if positions is not None and selection:
+            lengths = dataset.lengths(selection)
+            over = np.flatnonzero(lengths > positions)
+            if len(over):
+                sample = selection[int(over[0])]
+                raise ConfigError(
+                    f"dataset sample {sample} has {int(lengths[over[0]])} tokens, beyond the "
+                    f"{positions} positions of {limits.model} ({len(over)} samples are); set "
+                    f"dataset.max_length={positions} (or less) to cut them")
+        if limits.vocabulary is not None and selection:
+            found = dataset.first_id_outside(limits.vocabulary, selection)
+            if found is not None:
+                raise ConfigError(
+                    f"dataset sample {found[0]} holds token id {found[1]}, outside the "
+                    f"vocabulary of {limits.model} (ids 0 to {limits.vocabulary - 1}); are the "
+                    "ids from this model's tokenizer?")
 
     def has_targets(self, dataset: Sequences, sample: int) -> bool:
         return dataset.label_column is not None
