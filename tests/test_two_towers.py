@@ -180,3 +180,26 @@ def test_a_reduce_of_the_text_tower_in_pairs_is_refused(make_cfg, folders, pairs
                            "dataset=pairs", f"dataset.path={pairs}", f"layers=[{layer}]",
                            "reduce=mean"))
     assert no_h5_files(tmp_path)
+
+
+def test_a_tokenizer_without_a_padding_token_pads_captions_with_its_end_token(
+        make_cfg, folders, pairs, tmp_path):
+    """As text runs do; it was "dataset sample 0 (<image>) cannot be loaded", blaming an image."""
+    import shutil
+
+    unpadded = tmp_path / "clip-unpadded"
+    shutil.copytree(folders["clip"], unpadded)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(unpadded)
+    tokenizer.pad_token = None
+    tokenizer.save_pretrained(unpadded)
+    assert transformers.AutoTokenizer.from_pretrained(unpadded).pad_token is None
+    layer = "text_model.encoder.layers.1/output"
+    runs = {name: probe.run(make_cfg("model=transformers", f"model.name={model}",
+                                     "dataset=pairs", f"dataset.path={pairs}",
+                                     f"layers=[{layer.split('/')[0]}]",
+                                     output=tmp_path / f"{name}.h5"))
+            for name, model in (("padded", folders["clip"]), ("unpadded", unpadded))}
+    with probe.open(runs["padded"]) as a, probe.open(runs["unpadded"]) as b:
+        for n, caption in enumerate(a["caption"].asstr()[:]):
+            real = len(tokenizer(caption)["input_ids"])  # the caption's own positions
+            np.testing.assert_array_equal(a[layer][n, :real], b[layer][n, :real])

@@ -5,6 +5,7 @@ devices, the checkpoint's tokenizer, and the objectives of class logits.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -14,6 +15,8 @@ from probe.errors import ConfigError, DataError
 
 __all__ = ["HEADS", "source_of", "unavailable", "head_of", "require_head", "place",
            "required_logits", "target", "CaptionTokenizer"]
+
+log = logging.getLogger(__name__)
 
 # model.head -> the Auto class that builds it
 HEADS = {"causal_lm": "AutoModelForCausalLM", "masked_lm": "AutoModelForMaskedLM",
@@ -144,6 +147,16 @@ class CaptionTokenizer:
         limits = [getattr(text, "max_position_embeddings", None),
                   getattr(self.tokenizer, "model_max_length", None)]
         self.max_length = min(int(n) for n in limits if n is not None and 0 < n < 1_000_000)
+        if self.tokenizer.pad_token is None:
+            # captions are padded to one length, masked; what the padding holds is never read
+            # (the text towers pool at the end token, or take the mask)
+            if self.tokenizer.eos_token is None:
+                raise DataError(f"model.name={name!r}: its tokenizer has neither a padding "
+                                "token nor an end token to pad captions with; set pad_token "
+                                "in its tokenizer_config.json")
+            log.info("the tokenizer of %s has no padding token; captions are padded with its "
+                     "end token %r (masked)", name, self.tokenizer.eos_token)
+            self.tokenizer.pad_token = self.tokenizer.eos_token
 
     def __call__(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         made = self.tokenizer(list(texts), padding="max_length", truncation=True,
