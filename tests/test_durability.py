@@ -82,6 +82,35 @@ def test_signal_stops_at_a_batch_boundary_and_the_run_resumes(tmp_path, referenc
     _assert_same_file(out, reference(samples))
 
 
+def test_the_signal_handler_logs_nothing(tmp_path, reference):
+    """Logging from a signal handler can interrupt another write to the same log file (on a
+    requeue, submitit's handler was writing to it), which the buffered writer refuses
+    ("reentrant call"): the run says that it stops from its loop instead."""
+    import logging
+
+    in_handler: list[tuple[str, bool]] = []
+
+    class Watch(logging.Handler):
+        def emit(self, record):
+            frame, inside = sys._getframe(), False
+            while frame is not None:
+                inside |= (frame.f_code.co_name == "handler"
+                           and frame.f_code.co_filename.endswith("execute.py"))
+                frame = frame.f_back
+            in_handler.append((record.getMessage(), inside))
+
+    watch = Watch(level=logging.DEBUG)
+    logging.getLogger().addHandler(watch)
+    try:
+        cfg = compose_cfg(*RUN, "dataset.num_samples=40", output=tmp_path / "f.h5", tiny=False)
+        with pytest.raises(RunStopped):
+            run_with(cfg, dataset=PacedImages(40, 32, at=9, signum=signal.SIGTERM))
+    finally:
+        logging.getLogger().removeHandler(watch)
+    assert ("SIGTERM received: stopping after this batch", False) in in_handler
+    assert not [message for message, inside in in_handler if inside]
+
+
 def test_a_schedulers_sigusr2_handler_gets_the_signal_after_the_commit(tmp_path, reference,
                                                                        caplog):
     # submitit waits for SIGUSR2 before a preemption or the time limit, and requeues the job
@@ -128,7 +157,7 @@ def test_sigterm_to_the_process_group_with_loader_workers(tmp_path):
     the run, or the loader fails before the run can commit and say how to resume."""
     process = _start(tmp_path, 200, "f.h5", "num_workers=2", "+dataset.at=40",
                      "+dataset.group=true")
-    _, stderr = process.communicate(timeout=120)
+    _, stderr = process.communicate(timeout=1800)
     assert process.returncode == 128 + signal.SIGTERM, stderr
     # a stop the user asked for is reported as a stop, in one line, not as an error
     lines = [line for line in stderr.splitlines()
@@ -162,7 +191,7 @@ def _kill_until_done(tmp_path, samples: int, kills: int, seed: int, *extra: str,
         if killing and at is None:
             time.sleep(rng.uniform(0.0, 6.0))  # python and torch take about 3 s to start
             process.kill()
-        stdout, stderr = process.communicate(timeout=300)
+        stdout, stderr = process.communicate(timeout=1800)
         marker = [line for line in (stdout + stderr).splitlines() if "resuming" in line]
         resumed_at.append(int(marker[0].split("after ")[1].split()[0]) if marker else 0)
         if not killing:

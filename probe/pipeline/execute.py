@@ -189,7 +189,7 @@ def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> in
             feed.units(plan.dataset, plan.selection[:plan.resume_from]))
     units = 0
     if stop:  # a signal came while the file was being opened
-        raise _Stopped
+        raise _stopping(stop)
     with tqdm(total=total, initial=done, unit=feed.unit, unit_scale=True, dynamic_ncols=True,
               mininterval=1.0, desc="probe") as bar:
         for batch in loader:
@@ -208,7 +208,7 @@ def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> in
             bar.set_postfix_str(f"{human_bytes(writer.store.bytes_written)} written",
                                 refresh=False)
             if stop:
-                raise _Stopped
+                raise _stopping(stop)
     return units
 
 
@@ -231,6 +231,14 @@ class _Stopped(Exception):
     pass
 
 
+def _stopping(stop: StopRequest) -> _Stopped:
+    # Said here, at the batch boundary, not in the signal handler: a handler that logs can
+    # interrupt another write to the same log file (submitit's handler, on a requeue's
+    # SIGCONT), and the buffered writer refuses the reentrant call.
+    log.warning("%s received: stopping after this batch", signal.Signals(stop.signum).name)
+    return _Stopped()
+
+
 @contextmanager
 def _stop_signals(stop: StopRequest):
     """SIGINT and SIGTERM (Ctrl-C; SLURM before preemption or the time limit) ask the loop to
@@ -247,8 +255,7 @@ def _stop_signals(stop: StopRequest):
         stop.signum = signum
         signal.signal(signum, previous[signum])
         if callable(previous[signum]) and previous[signum] is not signal.default_int_handler:
-            stop.hand_on = previous[signum]
-        log.warning("%s received: stopping after this batch", signal.Signals(signum).name)
+            stop.hand_on = previous[signum]  # nothing else here: see _stopping
 
     signals = [signal.SIGINT, signal.SIGTERM]
     usr2 = getattr(signal, "SIGUSR2", None)
