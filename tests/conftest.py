@@ -43,6 +43,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """PROBE_SLURM_TESTS=1 is enough to run the SLURM tests: they are slow, which the default
+    -m leaves out, so the variable adds them to whatever -m selects (before pytest applies it)."""
+    if os.environ.get("PROBE_SLURM_TESTS") == "1" and config.option.markexpr:
+        config.option.markexpr = f"({config.option.markexpr}) or slurm"
+
+
 # Small enough for 2 CPU cores: 32 px images, a handful of samples.
 TINY = ["dataset.image_size=32", "dataset.num_samples=6", "batch_size=4"]
 # A model for the command line that imports in a second less than a torchvision one

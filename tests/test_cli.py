@@ -81,6 +81,19 @@ def test_run_folder_names_can_be_typed_back_unquoted():
     assert run_folder_name("") == "default"
 
 
+def test_a_long_run_folder_name_keeps_the_overrides_that_tell_shards_apart():
+    from probe.config.folders import run_folder_name
+
+    root = "/" + "/".join(["a-rather-long-folder-name"] * 12)
+    names = [run_folder_name(f"dataset.root={root},model=resnet18,shard.count=4,"
+                             f"shard.index={k}") for k in range(4)]
+    for k, name in enumerate(names):
+        assert len(name) <= 210 and name.endswith(f"+model-resnet18+shard.count-4+shard.index-{k}"
+                                                  f"--{name[-8:]}"), name
+        assert name.startswith("dataset.root-_a-rather-long-folder-name"), name
+    assert len(set(names)) == 4
+
+
 def test_a_failing_run_leaves_no_run_folder(tmp_path):
     # the model fails on the first sample: one line naming the module, and nothing left
     result = cli(*TINY_NET, "layers=[fc]", "dataset.image_size=1", cwd=tmp_path)

@@ -28,6 +28,7 @@ from tests.conftest import REPO, TINY_NET, assert_same_datasets, compose_cfg
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.slurm,  # PROBE_SLURM_TESTS=1 selects them (tests/conftest.py)
     pytest.mark.skipif(os.environ.get("PROBE_SLURM_TESTS") != "1",
                        reason="needs a SLURM cluster and PROBE_SLURM_TESTS=1 "
                               "(sudo bash tests/slurm/start_cluster.sh)"),
@@ -172,13 +173,14 @@ def test_a_requeued_job_resumes_and_ends_equal(tmp_path):
 
 
 def test_a_job_at_its_time_limit_is_requeued_and_resumes(tmp_path):
-    # A minute's limit, and submitit's signal 15 s before it. SLURM looks at time limits every
-    # 30 s and sends the signal up to 30 s early, so it comes 15 to 45 s into the first
-    # attempt and some 30 s into a requeued one: 60 s of samples take two to four attempts.
-    sweep(tmp_path, *PACED, "dataset.num_samples=300", "+dataset.delay=0.2",
-          "hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=15",
+    # Two minutes' limit, and submitit's signal 15 s before it. SLURM looks at time limits
+    # every 30 s and sends the signal up to 30 s early, so it comes 75 to 105 s into the first
+    # attempt, of which importing torch can take most of a minute on a loaded machine: 120 s
+    # of samples take two to four attempts, with room for the imports.
+    sweep(tmp_path, *PACED, "dataset.num_samples=600", "+dataset.delay=0.2",
+          "hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=15",
           "hydra.launcher.max_num_timeout=5", "hydra.launcher.name=probe-timeout",
-          timeout=900)
+          timeout=1500)
     (job,) = jobs(tmp_path)
     logs = (job / "probe.log").read_text()  # submitit's lines too
     requeued = re.findall(r"Requeued job \S+ \((\d) remaining timeouts\)", logs)

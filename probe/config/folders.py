@@ -37,22 +37,60 @@ def run_folder_name(overrides: str) -> str:
     (no readable name holds ``--``). Otherwise the other characters
     become ``_`` and ``--`` plus 8 hex digits of the overrides' hash follow, so that two
     commands never share a folder (``layers=[a.1?]`` and ``layers=[a.1*]`` differ). A name
-    longer than file systems allow (255 bytes; overrides with long paths) is cut, and the hash
-    follows it likewise.
+    longer than file systems allow (255 bytes; overrides with long paths) is cut, its longest
+    overrides first, so that those that tell a sweep's jobs apart stay, and the hash follows
+    it likewise.
     """
     if not overrides:
         return "default"
-    name = overrides.replace("=", "-").replace(",", "+").replace("[", "").replace("]", "")
+    name = _plain_part(overrides)
     if _READABLE.fullmatch(overrides) and len(name) <= _LONGEST_NAME:
         return name
     digest = hashlib.sha256(overrides.encode()).hexdigest()[:8]
-    plain = re.sub(r"[^A-Za-z0-9._+-]", "_", name).replace("--", "-_")[:_LONGEST_NAME]
-    return plain.rstrip("-") + f"--{digest}"
+    parts = [re.sub(r"[^A-Za-z0-9._+-]", "_", _plain_part(part)).replace("--", "-_")
+             for part in _top_level(overrides)]
+    return _cut(parts).rstrip("-") + f"--{digest}"
+
+
+def _plain_part(override: str) -> str:
+    return override.replace("=", "-").replace(",", "+").replace("[", "").replace("]", "")
+
+
+def _top_level(overrides: str) -> list[str]:
+    """The overrides of Hydra's ``k=v,k=v``: split at the commas outside brackets and quotes."""
+    parts, depth, quote, start = [], 0, None, 0
+    for n, char in enumerate(overrides):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[({":
+            depth += 1
+        elif char in "])}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(overrides[start:n])
+            start = n + 1
+    return [*parts, overrides[start:]]
+
+
+def _cut(parts: list[str]) -> str:
+    """The parts joined by ``+`` within _LONGEST_NAME characters: the longest part is cut
+    first (a long path), so the short overrides that tell jobs apart (shard.index-3) stay."""
+    parts = list(parts)
+    while len("+".join(parts)) > _LONGEST_NAME:
+        longest = max(range(len(parts)), key=lambda n: len(parts[n]))
+        if len(parts[longest]) <= _SHORTEST_CUT:
+            break
+        excess = len("+".join(parts)) - _LONGEST_NAME
+        parts[longest] = parts[longest][:max(_SHORTEST_CUT, len(parts[longest]) - excess)]
+    return "+".join(parts)[:_LONGEST_NAME]
 
 
 # the longest readable part of a run folder's name: with "--" and the hash, 210 characters,
 # all ASCII, below the 255 bytes of a file name on Linux and macOS file systems
 _LONGEST_NAME = 200
+_SHORTEST_CUT = 24  # a cut override keeps its key and the start of its value
 
 
 

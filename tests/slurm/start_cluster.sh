@@ -40,6 +40,11 @@ if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge
 fi
+# the HDF5 C tools (h5dump, h5ls), which tests/test_slurm.py reads the jobs' files with too
+if ! command -v h5dump >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends hdf5-tools ||
+        echo "start_cluster.sh: hdf5-tools did not install; the tests that use them skip" >&2
+fi
 
 if [ -f "$conf" ] && ! grep -qF "$mark" "$conf"; then
     echo "start_cluster.sh: $conf exists and is not this script's; not touching it" >&2
@@ -72,6 +77,8 @@ ReturnToService=2
 # batch jobs can be requeued (scontrol requeue; submitit does it at a time limit)
 JobRequeue=1
 MailProg=/bin/true
+# listen on 127.0.0.1 only, not on every interface (the daemons' default)
+CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
 StateSaveLocation=/var/spool/slurmctld
 SlurmdSpoolDir=/var/spool/slurmd
 SlurmctldPidFile=/run/slurmctld.pid
