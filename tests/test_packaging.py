@@ -32,7 +32,7 @@ def test_wheel_carries_everything_and_runs_from_elsewhere(tmp_path):
         ".git", ".venv", "build", "dist", "outputs", "*.egg-info", "__pycache__", "docs"))
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=300)
+         "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=1800)
     assert build.returncode == 0, build.stderr
     wheel = next((tmp_path / "dist").glob("probe-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -47,7 +47,7 @@ def test_wheel_carries_everything_and_runs_from_elsewhere(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "probe", "model=resnet18", "layers=[fc]",
          "dataset.image_size=32", "dataset.num_samples=2", f"output.path={tmp_path}/f.h5"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "f.h5").is_file()
     merged = subprocess.run([sys.executable, "-m", "probe.merge", "--help"], cwd=tmp_path,

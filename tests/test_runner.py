@@ -10,7 +10,7 @@ import torch
 import probe
 from probe.errors import ConfigError, DataError, DeviceError, OutputError, ProbeError
 from probe.file.format import partial_path
-from tests.conftest import assert_same_datasets, interrupt_after, no_h5_files
+from tests.conftest import TINY_NET, assert_same_datasets, interrupt_after, no_h5_files
 
 
 def test_layout_and_attrs(make_cfg):
@@ -185,10 +185,21 @@ def test_a_file_that_is_not_ours_is_refused(make_cfg, tmp_path, overwrite):
     # never replaced, and never a message that suggests output.overwrite=true for it
     path = tmp_path / "features.h5"
     path.write_text("something else")
-    with pytest.raises(OutputError, match="not a file that probe wrote") as refused:
+    with pytest.raises(OutputError, match="not a readable probe file") as refused:
         probe.run(make_cfg("model=resnet18", "layers=[fc]", f"output.overwrite={overwrite}"))
     assert "overwrite" not in str(refused.value)
     assert path.read_text() == "something else"
+
+
+def test_a_probe_file_cut_short_says_how_to_start_over(make_cfg, tmp_path):
+    cfg = make_cfg(*TINY_NET, "layers=[fc]")
+    path = probe.run(cfg)
+    with path.open("r+b") as stream:
+        stream.truncate(path.stat().st_size // 2)
+    with pytest.raises(OutputError, match=r"is not a readable probe file \(another program's, "
+                                          r"or a probe file cut short\).*delete it to start "
+                                          r"over"):
+        probe.run(cfg)
 
 
 @pytest.mark.parametrize("value", ["false", "best-effort"])

@@ -38,7 +38,7 @@ def _env() -> dict:
 
 def torchrun(*args: str, cwd, ranks: int = 2) -> subprocess.CompletedProcess:
     return subprocess.run(_command(ranks, *args), cwd=cwd, env=_env(), capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=1800)
 
 
 def _cuda_devices() -> int:
@@ -205,7 +205,7 @@ def _killed_and_resumed(tmp_path, reference, samples: int, *extra: str) -> int:
         time.sleep(0.05)
     time.sleep(1.0)  # about 20 of its samples
     os.kill(json.loads(lock.read_text())["pid"], signal.SIGKILL)
-    _, stderr = process.communicate(timeout=120)
+    _, stderr = process.communicate(timeout=1800)
     assert process.returncode == 1, stderr
     assert "exitcode  : -9" in stderr
     stops = probe_lines(stderr, "stopped")
@@ -270,7 +270,7 @@ def test_two_ranks_on_two_gpus_equal_one_process_on_one(tmp_path):
     assert "on cuda:1" in (folder / "probe.rank-1.log").read_text()
     single = subprocess.run([sys.executable, "-m", "probe", *RUN, "dataset.num_samples=64",
                              "device=cuda:0", "output.path=one.h5"], cwd=tmp_path, env=_env(),
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=1800)
     assert single.returncode == 0, single.stderr
     with h5py.File(tmp_path / "two" / "f.h5", "r") as a, h5py.File(tmp_path / "one.h5") as b:
         assert a["index"][:].tolist() == b["index"][:].tolist()

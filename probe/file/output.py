@@ -96,8 +96,10 @@ def existing_run(path: Path, config_yaml: str, locking: bool | str | None = None
     if path.exists():
         found = _read(path, path, locking)
         if found is None:
-            raise OutputError(f"{str(path)!r} is not a file that probe wrote, and probe never "
-                              "replaces other files; move it away or choose another output.path")
+            raise OutputError(f"{str(path)!r} is not a readable probe file (another "
+                              "program's, or a probe file cut short), and probe never replaces "
+                              "such a file; move it away or delete it to start over, or choose "
+                              "another output.path")
     partial = partial_path(path)
     if found is None and partial.exists():
         found = _read(partial, path, locking)

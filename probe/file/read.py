@@ -286,7 +286,10 @@ class FeatureFile(Mapping):
 
     def __repr__(self) -> str:
         state = "complete" if self.complete else "partial"
-        return f"FeatureFile({str(self.path)!r}, {self.num_rows} rows, {state}, {self.features})"
+        rows = f"{self.num_rows} rows"
+        if self.offsets is not None:  # rows per position: a row of /index is a sample
+            rows = f"{self.num_rows} samples, {int(self.offsets[-1])} position rows"
+        return f"FeatureFile({str(self.path)!r}, {rows}, {state}, {self.features})"
 
 
 class BFloat16Rows:

@@ -276,6 +276,9 @@ def _windows(window, stride) -> tuple[float | None, float | None]:
                               "to cut long recordings into windows")
         return None, None
     window = float(window)
+    if not window > 0:
+        raise ConfigError(f"dataset.window_seconds={window:g} must be above 0 (seconds of sound "
+                          "per window), or null for whole clips")
     stride = window / 2 if stride is None else float(stride)
     if not 0 < stride <= window:
         raise ConfigError(f"dataset.stride_seconds={stride} must be above 0 and at most "
