@@ -233,6 +233,9 @@ def test_a_file_being_written_says_by_whom(make_cfg, tmp_path, monkeypatch):
     (["output.commit_seconds=0"], r"output.commit_seconds=0.0 must be more than 0"),
     (["hooks=[backward]", "objective=nll"],
      r"objective=nll is a language model's next-token loss; .* use objective=top1 or target"),
+    (["hooks=[backward]", "objective=similarity"],
+     r"^objective=similarity is the matched image-text logit of a two-tower model; .* "
+     r"\(similarity needs a CLIP-like model.name with dataset=pairs\)$"),
     (["model._target_=mylab.nets.Missing"],
      r"model._target_='mylab.nets.Missing' cannot be imported \(ModuleNotFoundError: No module "
      r"named 'mylab'\); install the package .* on PYTHONPATH$"),
@@ -242,6 +245,12 @@ def test_mistakes_are_one_precise_line(make_cfg, tmp_path, overrides, message):
         probe.run(make_cfg(*RUN, *overrides))
     assert "\n" not in str(refused.value)
     assert no_h5_files(tmp_path)
+
+
+def test_a_limit_beyond_the_dataset_says_how_many_it_takes(make_cfg, caplog):
+    with probe.open(probe.run(make_cfg(*RUN, "limit=10000"))) as f:
+        assert f.num_rows == 6
+    assert "limit=10000 is beyond the dataset's 6 samples: the run takes all 6" in caplog.text
 
 
 def test_weights_that_are_not_a_checkpoint(make_cfg, tmp_path):

@@ -366,7 +366,7 @@ def test_a_document_beyond_the_models_positions_is_refused_in_the_plan(text_cfg,
 
     docs = write_jsonl(tmp_path / "long.jsonl", ["a short one", " ".join(WORDS * 40)])
     with pytest.raises(ConfigError, match=r"^dataset sample 1 has \d+ tokens, beyond the 128 "
-                                          r"positions of GPT2LMHeadModel \(1 samples are\); set "
+                                          r"positions of GPT2LMHeadModel \(1 of 2 are\); set "
                                           r"dataset.max_length=128 \(or less\) to cut them$"):
         probe.run(text_cfg("layers=[transformer.h.0]", f"dataset.path={docs}",
                            "dataset.max_length=1000000"))

@@ -82,8 +82,8 @@ def test_max_length_truncates_and_says_how_many(make_cfg, tiny_lm, tmp_path, cor
     (lambda d: (d / "x.jsonl").write_text(json.dumps({"input_ids": [1, 2]}) + "\n"
                                           + json.dumps({"input_ids": list(range(3, 203))})),
      ["dataset.path={d}/x.jsonl"], ConfigError,
-     r"^dataset sample 1 has 200 tokens, beyond the 128 positions of GPT2LMHeadModel \(1 "
-     r"samples are\); set dataset.max_length=128 \(or less\) to cut them$"),
+     r"^dataset sample 1 has 200 tokens, beyond the 128 positions of GPT2LMHeadModel \(1 of "
+     r"2 are\); set dataset.max_length=128 \(or less\) to cut them$"),
     (lambda d: (d / "x.jsonl").write_text('{"input_ids": [1, 2]}\n{"input_ids": [3]}\n'
                                           '{"input_ids": [4, 99999, 5]}\n'),
      ["dataset.path={d}/x.jsonl"], ConfigError,

@@ -86,8 +86,8 @@ class TextFeed(Feed):
                 sample = selection[int(over[0])]
                 raise ConfigError(
                     f"dataset sample {sample} has {int(lengths[over[0]])} tokens, beyond the "
-                    f"{positions} positions of {limits.model} ({len(over)} samples are); set "
-                    f"dataset.max_length={positions} (or less) to cut them")
+                    f"{positions} positions of {limits.model} ({len(over)} of {len(lengths)} "
+                    f"are); set dataset.max_length={positions} (or less) to cut them")
         if limits.vocabulary is not None and selection:
             found = dataset.first_id_outside(limits.vocabulary, selection)
             if found is not None:
