@@ -49,6 +49,7 @@ __all__ = ["merge", "missing_value", "ShardsMissing"]
 
 log = logging.getLogger(__name__)
 
+
 class ShardsMissing(OutputError):
     """Some shards of the run are not there, or not finished: nothing is wrong with those that
     are (a sweep that ran some shards only leaves its set unmerged for this reason alone)."""
