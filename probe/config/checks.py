@@ -12,7 +12,7 @@ import difflib
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from probe.config.schema import OutputConfig, ProbeConfig, ShardConfig
+from probe.config.schema import GenerateConfig, OutputConfig, ProbeConfig, ShardConfig
 from probe.errors import ConfigError
 
 __all__ = ["read_config", "check_known_keys", "required"]
@@ -61,6 +61,24 @@ def _check_values(config: ProbeConfig) -> None:
                           "cannot be loaded) or skip (leave it out, and record it in /skipped)")
     if not config.hooks:
         raise ConfigError("hooks is empty; use e.g. 'hooks=[forward]'")
+    _check_generate(config.generate)
+
+
+def _check_generate(generate: GenerateConfig) -> None:
+    if generate.max_new_tokens < 0:
+        raise ConfigError(f"generate.max_new_tokens={generate.max_new_tokens} must be 0 (no "
+                          "generation) or more")
+    for key in ("temperature", "top_p"):
+        value = getattr(generate, key)
+        if value is None:
+            continue
+        if not generate.do_sample:
+            raise ConfigError(f"generate.{key}={value} shapes sampling, which is off; add "
+                              "generate.do_sample=true, or leave it out for the most likely "
+                              "tokens")
+        if not value > 0 or (key == "top_p" and value > 1):
+            bound = "in (0, 1]" if key == "top_p" else "more than 0"
+            raise ConfigError(f"generate.{key}={value} must be {bound}")
 
 
 def check_known_keys(cfg: DictConfig, schema: type = ProbeConfig, prefix: str = "") -> None:
@@ -78,7 +96,8 @@ def check_known_keys(cfg: DictConfig, schema: type = ProbeConfig, prefix: str = 
             raise ConfigError(f"{prefix}{key} is not a probe config key{hint} (python -m probe "
                               "--help lists them all)")
         kind = fields[str(key)].type
-        nested = next((c for c in (ShardConfig, OutputConfig) if kind in (c, c.__name__)), None)
+        nested = next((c for c in (ShardConfig, OutputConfig, GenerateConfig)
+                       if kind in (c, c.__name__)), None)
         if nested is not None and isinstance(cfg[key], DictConfig):
             check_known_keys(cfg[key], nested, f"{prefix}{key}.")
 

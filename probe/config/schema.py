@@ -24,6 +24,8 @@ __all__ = [
     "Tokens",
     "Compression",
     "Subset",
+    "GeneratedRows",
+    "GenerateConfig",
     "ProbeConfig",
     "NEUTRAL_KEYS",
     "differing_keys",
@@ -150,6 +152,31 @@ class OutputConfig:
     file_locking: Any = None
 
 
+class GeneratedRows(str, Enum):
+    """Which token rows a generating run stores (generate.rows): the prompt's and the answer's,
+    or one of the two; ``tokens=first|last|mean`` pool over those."""
+
+    all = "all"
+    prompt = "prompt"
+    answer = "answer"
+
+
+@dataclass
+class GenerateConfig:
+    # new tokens each prompt gets from the model's own generate(), with the hooks on through
+    # every step; 0: no generation (the prompt is read, as any text)
+    max_new_tokens: int = 0
+    # sample (seeded by `seed`, batch by batch) instead of taking the most likely token
+    do_sample: bool = False
+    # with do_sample: null keeps the checkpoint's generation config
+    temperature: float | None = None
+    top_p: float | None = None
+    # stop a sample at its end token (kept as its last row); false: always max_new_tokens
+    stop_at_eos: bool = True
+    # the token rows stored: all (the prompt's, then the answer's), prompt, or answer
+    rows: GeneratedRows = GeneratedRows.all
+
+
 @dataclass
 class ProbeConfig:
     # `_target_` of a torch.nn.Module factory; see conf/model/
@@ -194,6 +221,8 @@ class ProbeConfig:
     # seeds the random init of models without weights, the synthetic dataset and subset=random
     seed: int = 0
     shard: ShardConfig = field(default_factory=ShardConfig)
+    # a language model answers each prompt (generate.max_new_tokens > 0): see GenerateConfig
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
     @property
@@ -229,12 +258,20 @@ MOVED_TARGETS = {
 }
 
 
+# keys added after 0.2, with the default that a config written before them meant
+ADDED_KEYS = {"generate.max_new_tokens": 0, "generate.do_sample": False,
+              "generate.temperature": None, "generate.top_p": None,
+              "generate.stop_at_eos": True, "generate.rows": "all"}
+
+
 def differing_keys(a: Mapping, b: Mapping, ignore: tuple[str, ...] = NEUTRAL_KEYS) -> list[str]:
     """Dotted keys whose values differ between two configs, leaving out ``ignore`` (a factory
-    named by its name before it moved is the same factory)."""
+    named by its name before it moved is the same factory; a key that one config predates
+    holds its default there)."""
     flat_a, flat_b = _flatten(a), _flatten(b)
     keys = sorted(set(flat_a) | set(flat_b))
-    return [k for k in keys if k not in ignore and flat_a.get(k) != flat_b.get(k)]
+    return [k for k in keys if k not in ignore
+            and flat_a.get(k, ADDED_KEYS.get(k)) != flat_b.get(k, ADDED_KEYS.get(k))]
 
 
 def _flatten(node: Mapping, prefix: str = "") -> dict:

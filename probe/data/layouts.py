@@ -15,6 +15,10 @@ never look inside it, so a new kind of rows is one more class here.
     Pieces(keep, piece_sample)    the same for a sample fed as several rows of the model's
                                   input, in order (a long recording's windows): its rows
                                   are joined, and pooled as one
+    Answered(keep, rows, most, ..) prompts and the answers a model generated for them: the
+                                  positions of one sequence per sample (its prompt, then each
+                                  new token), ``rows`` marking the generated ones; every key
+                                  must have the token axis, and gradients are refused
     PatchGrid(prefix, grid)       a fixed run of ``prefix`` special positions (class, register
                                   tokens) then patches on a (rows, columns) grid: a vision
                                   transformer's; ``tokens=patches`` lays the patches out as a
@@ -28,11 +32,12 @@ from typing import Protocol
 
 import torch
 
-from probe.config.schema import Reduce, Tokens
+from probe.config.schema import GeneratedRows, Reduce, Tokens
 from probe.errors import ConfigError
 from probe.file.format import Attr, DatasetSpec, split_key
 
-__all__ = ["RowLayout", "SampleRows", "SAMPLE_ROWS", "Positions", "Pieces", "PatchGrid",
+__all__ = ["RowLayout", "SampleRows", "SAMPLE_ROWS", "Positions", "Pieces", "Answered",
+           "PatchGrid",
            "plain_dims", "feature_dims"]
 
 
@@ -259,6 +264,38 @@ class Pieces(Positions):
                 "gradients of a sample fed in pieces are not joined into one; feed whole "
                 "samples for gradient hooks (e.g. leave dataset.window_seconds unset)")
 
+
+@dataclass(frozen=True)
+class Answered(Positions):
+    """The token positions of prompts and of the answers generated for them (see the module's
+    docstring): ``keep`` (B, L) over each sample's whole sequence as the model saw it, step by
+    step; ``most`` is how many new tokens a sample can have (for ``describe``)."""
+
+    most: int = 0
+    rows_kept: GeneratedRows = GeneratedRows.all  # generate.rows: whose rows are stored
+
+    def check(self, plain: list[str], gradients: bool) -> None:
+        if plain:
+            raise ConfigError(
+                f"{plain[0]} has no token axis: while a model generates, every step adds "
+                f"tokens, and only rows per token follow them; leave {split_key(plain[0])[0]!r} "
+                "out of a generating run (generate.max_new_tokens)")
+        if gradients:
+            raise ConfigError(
+                "gradients are not taken while a model generates (hooks=[backward] asks for a "
+                "fixed input): store the answers first (/completion), then run objective=nll "
+                "with dataset=tokens on prompt + completion, without generate.max_new_tokens")
+
+    def describe(self) -> str | None:
+        return {GeneratedRows.all: f"token rows: each sample's prompt, then up to {self.most} "
+                                   "generated tokens (its end token included), marked in "
+                                   "/generated",
+                GeneratedRows.prompt: "token rows: each sample's prompt alone "
+                                      f"(generate.rows=prompt); its answer of up to "
+                                      f"{self.most} tokens is in /completion",
+                GeneratedRows.answer: f"token rows: up to {self.most} per sample, its "
+                                      "generated tokens (its end token included; "
+                                      "generate.rows=answer)"}[self.rows_kept]
 
 
 @dataclass(frozen=True)

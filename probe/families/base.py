@@ -3,9 +3,10 @@ any nn.Module that maps a tensor to (N, classes) logits, which families override
 differs.
 
     Builds        which family serves a model: ``recognizes``, ``specialise``, ``libraries``
-    Preprocesses  the data's preprocessing that the model expects: ``transform``, ``tokenizer``
+    Preprocesses  the data's preprocessing that the model expects: ``transform``, ``tokenizer``,
+                  ``detokenizer``
     FeedsAndReads a batch in, its row layout, the output read: ``place``, ``layout``,
-                  ``output_lengths``, ``input_limits``, ``forward``, ``logits``,
+                  ``output_lengths``, ``input_limits``, ``forward``, ``generate``, ``logits``,
                   ``objective``, ``example_batch``
     Checks        data and layers the model cannot take: ``reads``, ``towers``, ``check``,
                   ``refusal``
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
 
@@ -25,13 +27,21 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from probe.config.schema import Reduce
+from probe.config.schema import GenerateConfig, Reduce
 from probe.data.feed import Batch, DataKind, Feed, ModelLimits
 from probe.data.layouts import RowLayout
 from probe.errors import ConfigError
 
-__all__ = ["Builds", "Preprocesses", "FeedsAndReads", "Checks", "Family", "made_of",
+__all__ = ["Builds", "Preprocesses", "FeedsAndReads", "Checks", "Family", "Answers", "made_of",
            "first_tensor", "graph_from", "top1", "target", "class_logits"]
+
+
+@dataclass(frozen=True)
+class Answers:
+    """What a model generated for a batch of left-padded prompts (``FeedsAndReads.generate``)."""
+
+    sequences: torch.Tensor  # (B, prompt + steps): the prompts as given, then the new tokens
+    new: torch.Tensor  # (B,) each sample's new tokens, its end token included; padding after
 
 
 class Builds(Protocol):
@@ -60,6 +70,10 @@ class Preprocesses(Protocol):
         (list of texts) -> (ids, attention mask), both (B, length) at one fixed length; None:
         the model has none."""
 
+    def detokenizer(self, model_cfg: DictConfig) -> Callable[[list[list[int]]], list[str]] | None:
+        """The model's own tokenizer as token ids -> text, special tokens left out (for a
+        generated answer); None: the model has none."""
+
 
 class FeedsAndReads(Protocol):
     def place(self, model: nn.Module, device: torch.device, asked: str
@@ -82,6 +96,17 @@ class FeedsAndReads(Protocol):
     def forward(self, model: nn.Module, batch: Batch, *, input_grad: bool = False):
         """The model's output for a batch on the device; with ``input_grad`` the autograd graph
         starts at the input itself."""
+
+    def generate(self, model: nn.Module, inputs: dict, settings: GenerateConfig,
+                 all_logits: bool = False) -> Answers:
+        """The model's own generation on a batch's ``inputs`` (prompts padded on the left),
+        with the hooks on: every step, and one more that feeds the last new token, so that
+        the hooks see each token's position once. ``all_logits``: the prompt's step computes
+        every position's logits (where the model would compute the last one's alone).
+
+        Raises:
+            ConfigError: the model does not generate, saying which would.
+        """
 
     def logits(self, output) -> torch.Tensor | None:
         """The logits in the model's output, or None."""
@@ -139,6 +164,9 @@ class Family:
     def tokenizer(self, model_cfg: DictConfig) -> Callable | None:
         return None
 
+    def detokenizer(self, model_cfg: DictConfig) -> Callable[[list[list[int]]], list[str]] | None:
+        return None
+
     def place(self, model: nn.Module, device: torch.device, asked: str
               ) -> tuple[nn.Module, torch.device]:
         return model.to(device), device
@@ -157,6 +185,13 @@ class Family:
         if input_grad:
             inputs = inputs.requires_grad_()
         return model(**inputs) if isinstance(inputs, dict) else model(inputs)
+
+    def generate(self, model: nn.Module, inputs: dict, settings: GenerateConfig,
+                 all_logits: bool = False) -> Answers:
+        raise ConfigError(f"generate.max_new_tokens={settings.max_new_tokens}: "
+                          f"{type(model).__name__} does not generate text; use a language model "
+                          "with a causal_lm head (model=transformers model.name=...), or set "
+                          "generate.max_new_tokens=0")
 
     def logits(self, output) -> torch.Tensor | None:
         return first_tensor(output)[0]

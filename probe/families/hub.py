@@ -13,7 +13,7 @@ from torch import nn
 
 from probe.errors import ConfigError, DataError
 
-__all__ = ["HEADS", "source_of", "unavailable", "head_of", "require_head", "place",
+__all__ = ["HEADS", "source_of", "tokenizer_of", "unavailable", "head_of", "require_head", "place",
            "required_logits", "target", "CaptionTokenizer"]
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,23 @@ def target(logits: torch.Tensor, batch) -> torch.Tensor:
     return logits.gather(1, batch.target.to(logits.device).view(-1, 1)).squeeze(1)
 
 
+def tokenizer_of(name: str, trust_remote_code: bool = False):
+    """The checkpoint's own tokenizer (``AutoTokenizer`` from the same folder or Hub id).
+
+    Raises:
+        DataError: the checkpoint has none.
+    """
+    import transformers
+
+    try:
+        return transformers.AutoTokenizer.from_pretrained(source_of(name),
+                                                          trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise DataError(f"model.name={name!r} has no tokenizer that AutoTokenizer can load "
+                        f"({first}); save one beside the weights") from None
+
+
 class CaptionTokenizer:
     """A checkpoint's own tokenizer (``AutoTokenizer`` from the same folder or Hub id) as
     captions -> (ids, attention mask), padded to one length: the text model's positions (CLIP
@@ -134,15 +151,9 @@ class CaptionTokenizer:
         import transformers
 
         self.name = name
-        source = source_of(name)
-        options = {"trust_remote_code": trust_remote_code}
-        try:
-            self.tokenizer = transformers.AutoTokenizer.from_pretrained(source, **options)
-            config = transformers.AutoConfig.from_pretrained(source, **options)
-        except (OSError, ValueError) as err:
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise DataError(f"model.name={name!r} has no tokenizer that AutoTokenizer can load "
-                            f"({first}); save one beside the weights") from None
+        self.tokenizer = tokenizer_of(name, trust_remote_code)
+        config = transformers.AutoConfig.from_pretrained(source_of(name),
+                                                         trust_remote_code=trust_remote_code)
         text = getattr(config, "text_config", None) or config
         limits = [getattr(text, "max_position_embeddings", None),
                   getattr(self.tokenizer, "model_max_length", None)]

@@ -14,6 +14,7 @@ the class's main input.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 from collections.abc import Callable
@@ -22,11 +23,11 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from probe.config.schema import Dtype
+from probe.config.schema import Dtype, GenerateConfig
 from probe.data.feed import Batch, DataKind, Feed, ModelLimits
 from probe.errors import ConfigError
 from probe.families import hf_audio, hf_vision
-from probe.families.base import Family, graph_from
+from probe.families.base import Answers, Family, graph_from
 from probe.families.hub import (
     HEADS,
     CaptionTokenizer,
@@ -35,6 +36,7 @@ from probe.families.hub import (
     required_logits,
     source_of,
     target,
+    tokenizer_of,
     unavailable,
 )
 from probe.families.registry import register
@@ -188,6 +190,11 @@ class TransformersFamily(Family):
         return CaptionTokenizer(str(model_cfg.name),
                                 trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
 
+    def detokenizer(self, model_cfg: DictConfig) -> Callable[[list[list[int]]], list[str]]:
+        tokenizer = tokenizer_of(str(model_cfg.name),
+                                 bool(model_cfg.get("trust_remote_code", False)))
+        return lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True)
+
     def refusal(self, model: nn.Module, feed: Feed) -> str:
         return (f"{type(model).__name__} is a language model: it reads text, not these inputs; "
                 "add dataset=text dataset.path=<a .txt, .jsonl, .csv or .parquet file> (or "
@@ -208,6 +215,31 @@ class TransformersFamily(Family):
         # token ids have no gradient: the graph starts at the input embeddings instead
         with graph_from(model.get_input_embeddings(), input_grad):
             return model(**batch.inputs)
+
+    def generate(self, model: nn.Module, inputs: dict, settings: GenerateConfig,
+                 all_logits: bool = False) -> Answers:
+        if not (hasattr(model, "can_generate") and model.can_generate()):
+            raise ConfigError(
+                f"generate.max_new_tokens={settings.max_new_tokens}: {type(model).__name__} has "
+                "no language-model head to generate with; use model.head=causal_lm (or auto "
+                "where the checkpoint is a causal language model)")
+        config = model.generation_config
+        ends = _ids(config.eos_token_id) if settings.stop_at_eos else []
+        pad = config.pad_token_id if config.pad_token_id is not None else (ends or [0])[0]
+        options = {"max_new_tokens": settings.max_new_tokens, "do_sample": settings.do_sample,
+                   "eos_token_id": ends or None, "pad_token_id": pad, "use_cache": True,
+                   "return_dict_in_generate": True}
+        if settings.do_sample:
+            options.update({key: getattr(settings, key) for key in ("temperature", "top_p")
+                            if getattr(settings, key) is not None})
+        accepts = inspect.signature(model.forward).parameters
+        if all_logits and "logits_to_keep" in accepts:
+            options["logits_to_keep"] = 0  # every position's, as a forward over them gives
+        out = model.generate(**inputs, **options)
+        sequences, prompt = out.sequences, inputs["input_ids"].shape[1]
+        if out.cache.get_seq_length() < sequences.shape[1]:  # the last token was never fed
+            _feed_last_token(model, sequences, inputs["attention_mask"], out.cache, accepts)
+        return Answers(sequences, _new_tokens(sequences[:, prompt:], ends))
 
     def logits(self, output) -> torch.Tensor | None:
         return getattr(output, "logits", None)
@@ -246,6 +278,37 @@ def _served_by(cls: type) -> Family | None:
         return hf_vision.TWO_TOWERS
     return {"pixel_values": hf_vision.VISION, "input_values": hf_audio.AUDIO,
             "input_features": hf_audio.AUDIO}.get(getattr(cls, "main_input_name", "input_ids"))
+
+
+def _ids(value) -> list[int]:
+    # a generation config's token ids: one, a list, or none
+    return [] if value is None else [int(value)] if isinstance(value, int) else list(value)
+
+
+def _feed_last_token(model: nn.Module, sequences: torch.Tensor, prompt_mask: torch.Tensor,
+                     cache, accepts) -> None:
+    """One more step, as generate() would take it, on the last new token: its logits are
+    dropped, its hooks' values are the token's own (positions counted as generate counts
+    them under left padding)."""
+    new = sequences.shape[1] - prompt_mask.shape[1]
+    mask = torch.cat([prompt_mask, prompt_mask.new_ones(len(prompt_mask), new)], 1)
+    extra = {"use_cache": True}
+    if "position_ids" in accepts:
+        extra["position_ids"] = (mask.long().cumsum(-1) - 1).clamp_min(0)
+    if "logits_to_keep" in accepts:
+        extra["logits_to_keep"] = 1
+    model(**model.prepare_inputs_for_generation(
+        sequences, next_sequence_length=1, cache=cache, attention_mask=mask, **extra),
+        return_dict=True)
+
+
+def _new_tokens(new: torch.Tensor, ends: list[int]) -> torch.Tensor:
+    """Each sample's count of new tokens: up to and with its first end token, else all."""
+    if not ends or not new.shape[1]:
+        return torch.full((len(new),), new.shape[1], dtype=torch.long, device=new.device)
+    ended = torch.isin(new, torch.tensor(ends, device=new.device))
+    first = ended.int().argmax(1)
+    return torch.where(ended.any(1), first + 1, new.shape[1])
 
 
 def nll(logits: torch.Tensor, batch) -> torch.Tensor:

@@ -12,6 +12,8 @@ and gradcam read by it. A reader without this package needs only the layout in D
     /input_ids (T,)   the token id of each stored token position
     /positions (T,)   its position in the sample (special tokens left out leave gaps)
     /document (T,)    with packing: the dataset index of the document it comes from
+    /generated (T,)   generation: bool, true on the rows of generated tokens (after the prompt's)
+    /completion (N,)  generation: str, each sample's answer, decoded, special tokens left out
     /<layer>/<kind>   (T, *S) with tokens=all (attr rows=token), else (N, *S)
 """
 
@@ -28,7 +30,7 @@ from probe.config.schema import HOOK_OF_KIND, Hook
 
 __all__ = [
     "INDEX", "TARGET", "OFFSETS", "INPUT_IDS", "POSITIONS", "DOCUMENT", "FILE", "SKIPPED",
-    "CAPTION", "TRANSCRIPT",
+    "CAPTION", "TRANSCRIPT", "GENERATED", "COMPLETION",
     "ROWS_PER_POSITION", "Hook", "HOOK_OF_KIND", "Attr",
     "DatasetSpec", "FileState", "dataset_key", "split_key", "call_key", "parse_kind",
     "dataset_names", "partial_path", "creating_path", "read_state",
@@ -44,6 +46,8 @@ FILE = "file"  # each row's file, relative to the dataset's root (file-backed da
 SKIPPED = "skipped"  # the dataset indices that dataset.on_error=skip left out
 CAPTION = "caption"  # each image-text pair's caption
 TRANSCRIPT = "transcript"  # each clip's text, where the dataset has a transcript column
+GENERATED = "generated"  # generation: whether each token row is a generated token
+COMPLETION = "completion"  # generation: each sample's answer, decoded
 ROWS_PER_POSITION = "token"  # the rows attr of a dataset with one row per stored position
 
 

@@ -14,10 +14,9 @@ import shutil
 import signal
 import threading
 import time
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig
 from torch import nn
 from tqdm import tqdm
@@ -29,7 +28,6 @@ from probe.file.partial import recover
 from probe.file.sizes import human_bytes
 from probe.file.store import Store
 from probe.file.writer import BackgroundWriter, WriteFailed
-from probe.pipeline.hooks import StopForward
 from probe.pipeline.plan import Plan, plan
 
 __all__ = ["run", "execute", "StopRequest"]
@@ -183,7 +181,7 @@ def _disk_full_error(plan: Plan, store: Store | None) -> OutputError:
 def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> int:
     """The main loop: one forward (and backward) per batch, captures handed to the writer.
     Returns the units of progress (samples, or positions) it computed."""
-    model, capture, family, feed = plan.model, plan.capture, plan.family, plan.feed
+    capture, feed = plan.capture, plan.feed
     total = feed.units(plan.dataset, plan.selection)  # None where not known before the end
     done = (0 if total is None else
             feed.units(plan.dataset, plan.selection[:plan.resume_from]))
@@ -195,12 +193,10 @@ def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> in
         for batch in loader:
             values, lengths = {}, None  # every sample of a batch may have been left out
             if len(batch):
-                on_device = batch.to(plan.device)
-                layout = family.layout(model, on_device)
-                capture.layout = layout
-                _compute(plan, on_device)
-                values = {**capture.take(), **layout.bookkeeping_rows, **batch.sample_rows}
-                lengths = layout.lengths
+                computed = plan.compute(batch.to(plan.device))
+                values = {**capture.take(), **computed.layout.bookkeeping_rows,
+                          **computed.sample_rows}
+                lengths = computed.layout.lengths
             writer.put(batch.index, batch.target, values, ready=capture.copied,
                        lengths=lengths, ends_group=batch.ends_group, skipped=batch.skipped)
             units += feed.count(batch) if len(batch) else 0
@@ -210,21 +206,6 @@ def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> in
             if stop:
                 raise _stopping(stop)
     return units
-
-
-def _compute(plan: Plan, batch) -> None:
-    """One forward pass (and the backward pass of a gradient run) on a batch on the device."""
-    model, capture, family = plan.model, plan.capture, plan.family
-    if capture.needs_grad:
-        # parameters are frozen: the graph starts at the hooked modules (or at the input,
-        # when gradients at a module's input are asked for)
-        with torch.enable_grad():
-            output = family.forward(model, batch, input_grad=capture.wants_input_grad)
-            capture.backward(plan.objective(output, batch).sum())
-    else:
-        # StopForward: every hooked module has run, the rest of the model is not needed
-        with torch.inference_mode(), suppress(StopForward):
-            family.forward(model, batch)
 
 
 class _Stopped(Exception):

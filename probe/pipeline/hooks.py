@@ -12,11 +12,17 @@ Gradient kinds are filled by ``Capture.backward(objective)``.
 
 A module that runs several times in one forward pass (resnet's shared ReLU) gives one value per
 run: ``<layer>/output`` for the first, ``<layer>/output_1``, ``_2``, ... for later ones.
+
+A batch that the model is called on several times, each call adding positions (generation: the
+prompt, then one new token per call, with a key/value cache), is captured inside
+``with capture.joined():``: each call's values are joined along their position axis, and
+``take()`` makes the rows of the whole sequence.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from types import MappingProxyType
 
 import torch
@@ -132,6 +138,10 @@ class Capture:
         # float16 storage: whether a value overflowed float16 (checked once per pass, in take)
         self._overflow: list[torch.Tensor] = []
         self._values: dict[str, torch.Tensor] = {}
+        # inside joined(): each key's values of the calls so far, as captured (None: outside);
+        # after it, each key's joined value, which take() makes into rows
+        self._joining: dict[str, list[torch.Tensor]] | None = None
+        self._joined: dict[str, torch.Tensor] = {}
         self._edges: dict[str, GradientEdge] = {}
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
@@ -176,6 +186,31 @@ class Capture:
         if self.calls is None:
             raise RuntimeError("arm() needs the calls of every hooked module")
         self._armed = self.stop_early
+
+    @contextmanager
+    def joined(self) -> Iterator[None]:
+        """For the block, the model is called several times on one batch, each call adding
+        positions along the captured tensors' second axis (generation with a key/value cache):
+        each call's values are kept as they were captured, on their device, and ``take()``
+        joins them, then makes their rows by the ``layout`` set after the calls (the whole
+        sequence's). No forward stops early: every call is the model's whole computation."""
+        self._joining, self._armed = {}, False
+        try:
+            yield
+        except BaseException:
+            self._armed = self.stop_early
+            raise
+        else:  # take() makes the rows, unarmed, then arms the next pass
+            self._joined = {key: parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+                            for key, parts in self._joining.items()}
+        finally:
+            self._joining = None
+
+    @property
+    def joined_lengths(self) -> dict[str, int]:
+        """The positions of each key's value that the last ``joined()`` block joined (until
+        ``take()``)."""
+        return {key: int(value.shape[1]) for key, value in self._joined.items()}
 
     # -- lifetime -----------------------------------------------------------------------------
 
@@ -229,6 +264,9 @@ class Capture:
             ConfigError: a hooked module did not run, or gradients were asked for but
                 ``backward`` was not called.
         """
+        joined, self._joined = self._joined, {}
+        for key, value in joined.items():
+            self._store(key, value)
         learned = self.calls is None
         if learned:  # the first complete pass tells how often each module runs
             self.calls = {layer: max([0, *(n for key, n in self._ran.items()
@@ -356,7 +394,13 @@ class Capture:
     def _keep(self, key: str, tensor: torch.Tensor, position: int | str | None) -> None:
         if position is not None:
             self.tuple_positions[key] = position
-        value = tensor.detach()
+        if self._joining is not None:  # a copy: a later in-place op cannot reach it
+            self._joining.setdefault(key, []).append(tensor.detach().clone())
+            return
+        self._store(key, tensor.detach())
+
+    def _store(self, key: str, value: torch.Tensor) -> None:
+        # the key's rows, cast and copied to the CPU
         transform = self.transforms.get(key)
         if transform is not None:
             value = transform(value, self.layout)

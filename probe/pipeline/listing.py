@@ -27,6 +27,7 @@ from probe.pipeline.build import build_dataset, build_model
 from probe.pipeline.device import resolve_device
 from probe.pipeline.keys import key_transform
 from probe.pipeline.modules import LayerInfo, describe_layers
+from probe.pipeline.passes import pass_for
 from probe.pipeline.reduce import resolve_reduces
 
 __all__ = ["layer_table"]
@@ -57,6 +58,9 @@ def layer_table(cfg: DictConfig) -> tuple[list[str], list[tuple[str, ...]]]:
         layout, infos = _described(family, model, batch, device)
     reduces = resolve_reduces([info.name for info in infos], config.reduce,
                               config.reduce_by_layer)
+    # the rows a run of this config stores (a generating run adds the answer's)
+    compute = pass_for(config, cfg.model, family, model, capture=None)
+    layout = compute.rows(layout)
     itemsize = config.output.dtype.torch.itemsize
     per_token = layout.lengths is not None and config.tokens is Tokens.all
     towers = family.towers
@@ -71,8 +75,12 @@ def layer_table(cfg: DictConfig) -> tuple[list[str], list[tuple[str, ...]]]:
         note = f" x{info.calls} calls" if info.calls > 1 else ""
         rows.append((info.name, info.type, f"{shape}{note}",
                      human_bytes(itemsize * math.prod(shape)), *tower))
-    described = layout.describe()
-    return ([described] if described else []), rows
+    notes = [layout.describe()]
+    most, exact = compute.positions(None if layout.lengths is None else
+                                    layout.lengths.numpy())
+    if most is not None and not exact:
+        notes.append(f"the first sample: at most {int(most[0])} rows")
+    return [note for note in notes if note], rows
 
 
 def _first_sample(cfg: DictConfig, family: Family, model: nn.Module) -> Batch:

@@ -58,6 +58,7 @@ from probe.pipeline.hooks import Capture
 from probe.pipeline.keys import transforms_for
 from probe.pipeline.modules import is_glob, lays_channels_first, match_layers
 from probe.pipeline.objectives import Objective, make_objective
+from probe.pipeline.passes import Pass, pass_for
 
 __all__ = ["Plan", "plan"]
 
@@ -95,6 +96,7 @@ class Plan:
     has_target: bool = False
     objective: Objective | None = None
     capture: Capture | None = None
+    compute: Pass | None = None  # how each batch is computed: a forward pass, or a generation
     datasets: dict[str, DatasetSpec] = field(default_factory=dict)
     attrs: dict = field(default_factory=dict)
     num_positions: int | None = None  # rows per position in all, where the run stores those
@@ -165,10 +167,11 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
                       reduce_by_layer=config.reduce_by_layer, dtype=out.dtype.torch,
                       stop_early=config.stop_early)
     family.check(model, feed, capture.reduces)
+    compute = pass_for(config, cfg.model, family, model, capture, objective)
     feed = feed.for_model(family.output_lengths(model))
     batching = _batching(config, feed, device)
     selection = _selection(config, dataset)
-    feed.check_fits(dataset, selection, family.input_limits(model))
+    feed.check_fits(dataset, selection, compute.limits(family.input_limits(model)))
     resume = (0, 0, 0) if found is None else _resume_point(found, selection, batching)
     if found is not None:
         log.info("resuming %s after %d committed rows", found.path, resume[1])
@@ -182,27 +185,31 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     started = time.perf_counter()
     shown = dry_run(capture, family, feed, batches, device, objective)
     dry_run_seconds = time.perf_counter() - started
-    shown.layout.check(shown.plain, config.needs_grad)
+    layout = compute.rows(shown.layout)  # the layout of the rows stored
+    layout.check(shown.plain, config.needs_grad)
     modules = dict(model.named_modules())
     capture.transforms = transforms_for(
-        shown.shapes, shown.follows, capture.reduces, layout=shown.layout, pool=config.tokens,
+        shown.shapes, shown.follows, capture.reduces, layout=layout, pool=config.tokens,
         dtype=out.dtype.torch,
         channels_first={layer for layer in capture.layers if lays_channels_first(modules[layer])})
     capture.arm()  # the dry run counted every hooked module's runs
+    compute.rehearse(batches[0].to(device))
     if config.tokens.name != "all" and not shown.follows:
         log.warning("%s=%s has no effect: no stored output of this model has a position axis "
                     "to pool", Attr.TOKENS, config.tokens.name)
-    datasets = {**_specs(capture), **shown.layout.bookkeeping(), **feed.bookkeeping(dataset)}
+    datasets = {**_specs(capture), **layout.bookkeeping(), **feed.bookkeeping(dataset),
+                **compute.bookkeeping()}
     if config.skip_bad:
         datasets[SKIPPED] = DatasetSpec((), "int64", {Attr.DIMS: ["skipped"]},
                                         compressible=False)
-    positions = (feed.stored_positions(dataset, selection)
-                 if any(spec.per_position for spec in datasets.values()) else None)
+    positions, exact = compute.positions(
+        feed.stored_positions(dataset, selection)
+        if any(spec.per_position for spec in datasets.values()) else None)
 
     # 4. what it takes: said in the log, and checked against the free disk space
     sample_bytes = 16 + sum(s.row_bytes for s in datasets.values() if not s.per_position)
     position_bytes = sum(s.row_bytes for s in datasets.values() if s.per_position)
-    _log_plan(config, path, capture, device, selection, positions, sample_bytes,
+    _log_plan(config, path, capture, device, selection, positions, exact, sample_bytes,
               position_bytes)
     if isinstance(selection, OpenSelection):
         log.info("the number of samples is not known before they are read: free space is not "
@@ -217,8 +224,9 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
                 resume_skipped=resume[2], committed=0 if found is None else found.num_committed,
                 device=device, model=model, family=family, dataset=dataset, feed=feed,
                 batching=batching, selection=selection, has_target=with_target,
-                objective=objective, capture=capture, datasets=datasets, attrs=attrs,
-                num_positions=None if positions is None else int(positions.sum()),
+                objective=objective, capture=capture, compute=compute, datasets=datasets,
+                attrs=attrs,
+                num_positions=None if positions is None or not exact else int(positions.sum()),
                 dry_run_seconds=dry_run_seconds)
 
 
@@ -302,7 +310,8 @@ def _batching(config: ProbeConfig, feed: Feed, device: torch.device) -> Batching
 
 
 def _log_plan(config: ProbeConfig, path: Path, capture: Capture, device: torch.device,
-              selection: Selection, positions, sample_bytes: int, position_bytes: int) -> None:
+              selection: Selection, positions, exact: bool, sample_bytes: int,
+              position_bytes: int) -> None:
     for pattern in config.layers:
         if is_glob(pattern):
             log.info("layers: %s matches %s", pattern,
@@ -312,8 +321,8 @@ def _log_plan(config: ProbeConfig, path: Path, capture: Capture, device: torch.d
     elif positions is None:
         size = f"{len(selection)} samples of {human_bytes(sample_bytes)}"
     else:
-        size = (f"{len(selection)} samples, {int(positions.sum())} positions of "
-                f"{human_bytes(position_bytes)}")
+        size = (f"{len(selection)} samples, {'' if exact else 'at most '}"
+                f"{int(positions.sum())} positions of {human_bytes(position_bytes)}")
     log.info("model %s on %s; %d layers x %s; %s -> %s", type(capture.model).__name__, device,
              len(capture.layers), [h.name for h in capture.hooks], size, path)
     if config.output.compression.name == "lzf":

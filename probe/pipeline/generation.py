@@ -1,0 +1,194 @@
+"""Generation: a language model answers each prompt with its own ``generate()``, the hooks on
+through every step (``generate.max_new_tokens=K``).
+
+The prompts are padded on the left (the new tokens follow each one's last token), the model
+generates with its key/value cache, and the capture joins what each step adds: the prompt's
+positions, then one per new token. One more step feeds the last new token, so that it has its
+row too (its next-token logits are dropped). No position is computed twice, and nothing is
+run again after the answer.
+
+A sample's rows are its prompt's tokens, then its new tokens up to and with its end token
+(``generate.rows`` keeps one of the two); padding is never stored. ``/generated`` marks the
+new tokens' rows, ``/completion`` holds each answer as text. Sampling (``generate.do_sample``)
+is seeded batch by batch from ``seed`` and the batch's first sample, so a run that resumes
+(at a group of batches made as before) draws what an uninterrupted one draws.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from torch import nn
+
+from probe.config.schema import GenerateConfig, GeneratedRows
+from probe.data.feed import Batch, ModelLimits
+from probe.data.layouts import Answered, Positions, RowLayout
+from probe.errors import ConfigError
+from probe.families.base import Answers, Family
+from probe.file.format import (
+    COMPLETION,
+    DOCUMENT,
+    GENERATED,
+    INPUT_IDS,
+    POSITIONS,
+    Attr,
+    DatasetSpec,
+    split_key,
+)
+from probe.pipeline.hooks import Capture
+
+__all__ = ["GenerationPass"]
+
+log = logging.getLogger(__name__)
+
+_REHEARSED_TOKENS = 2  # new tokens of the plan's rehearsal: the prompt's step, and a later one
+
+
+@dataclass
+class GenerationPass:
+    """Each batch's prompts answered (see the module's docstring); a ``Pass``."""
+
+    model: nn.Module
+    family: Family
+    capture: Capture
+    settings: GenerateConfig
+    detokenize: Callable[[list[list[int]]], list[str]]
+    seed: int = 0
+    # the prompt's step computes every position's logits: set by ``rehearse`` where a hooked
+    # module would otherwise see the last position alone (a language-model head)
+    all_logits: bool = False
+
+    def __call__(self, batch: Batch, most: int | None = None) -> Batch:
+        prompts = self.family.layout(self.model, batch)
+        ids, mask, keep = _padded_left(batch.inputs["input_ids"],
+                                       batch.inputs["attention_mask"], prompts.keep)
+        settings = (self.settings if most is None else
+                    replace(self.settings, max_new_tokens=most))
+        with self._seeded(batch), torch.inference_mode(), self.capture.joined():
+            answers = self.family.generate(self.model, {**batch.inputs, "input_ids": ids,
+                                                        "attention_mask": mask},
+                                           settings, all_logits=self.all_logits)
+        layout = self._answered(answers, mask, keep)
+        self.capture.layout = layout
+        new = answers.sequences[:, ids.shape[1]:].tolist()
+        texts = self.detokenize([row[:n] for row, n in zip(new, answers.new.tolist(),
+                                                            strict=True)])
+        # HDF5's strings end at a NUL, which a byte-level tokenizer can decode to: it is
+        # stored as U+FFFD, as undecodable bytes are (the ids, in /input_ids, are exact)
+        texts = [text.replace("\0", "\ufffd") for text in texts]
+        return replace(batch, layout=layout, sample_rows={
+            **batch.sample_rows, COMPLETION: np.array(texts, dtype=object)})
+
+    def rehearse(self, batch: Batch) -> None:
+        """Answer the dry run's sample (a few tokens) before any file exists: a model that
+        cannot generate says so here, and a hooked module that sees fewer positions than the
+        model is fed (a head that computes the last position's logits alone) has the prompt's
+        step compute them all; a module that still does is refused.
+
+        Raises:
+            ConfigError: naming the model or the module.
+        """
+        with self.capture:
+            for all_logits in (False, True):
+                self.all_logits = all_logits
+                length = self(batch, most=_REHEARSED_TOKENS).layout.length
+                short = {key: n for key, n in self.capture.joined_lengths.items() if n != length}
+                if not short:
+                    self.capture.take()
+                    log.info("generate: up to %d new tokens per prompt, %s; rows: %s%s",
+                             self.settings.max_new_tokens, self._how(), self.settings.rows.name,
+                             "; the prompt's step computes every position's logits (a hooked "
+                             "module reads them)" if all_logits else "")
+                    return
+        key, seen = next(iter(short.items()))
+        raise ConfigError(
+            f"{key} sees {seen} of the {length} positions that the model is fed while it "
+            f"generates; leave {split_key(key)[0]!r} out of a generating run, or store it "
+            "without generate.max_new_tokens")
+
+    def rows(self, layout: RowLayout) -> RowLayout:
+        if not isinstance(layout, Positions):
+            raise ConfigError("generate.max_new_tokens needs prompts: dataset=text or "
+                              "dataset=tokens, read by a language model")
+        if DOCUMENT in layout.rows:
+            raise ConfigError("generate.max_new_tokens answers whole prompts, and "
+                              "dataset.packing=true cuts documents into windows; set "
+                              "dataset.packing=false")
+        flags = torch.zeros(0, dtype=torch.bool)
+        return Answered(layout.keep, {**layout.rows, GENERATED: flags},
+                        most=self.settings.max_new_tokens, rows_kept=self.settings.rows)
+
+    def bookkeeping(self) -> dict[str, DatasetSpec]:
+        return {COMPLETION: DatasetSpec((), "str", {Attr.DIMS: ["sample"]},
+                                        compressible=False)}
+
+    def positions(self, stored: np.ndarray | None) -> tuple[np.ndarray | None, bool]:
+        if stored is None:
+            return None, False
+        most = self.settings.max_new_tokens
+        return {GeneratedRows.all: (stored + most, False),
+                GeneratedRows.prompt: (stored, True),
+                GeneratedRows.answer: (np.full_like(stored, most), False)}[self.settings.rows]
+
+    def limits(self, limits: ModelLimits) -> ModelLimits:
+        """The positions a prompt can have: the model's, less the new tokens'."""
+        if limits.positions is None:
+            return limits
+        most = self.settings.max_new_tokens
+        if most >= limits.positions:
+            raise ConfigError(f"generate.max_new_tokens={most} is beyond the "
+                              f"{limits.positions} positions of {limits.model}; use fewer")
+        return replace(limits, positions=limits.positions - most,
+                       model=f"{limits.model} less generate.max_new_tokens={most}")
+
+    def _how(self) -> str:
+        settings = self.settings
+        stop = "to the end token" if settings.stop_at_eos else "past end tokens"
+        if not settings.do_sample:
+            return f"the most likely each time, {stop}"
+        shaped = ", ".join(f"{key}={getattr(settings, key)}" for key in ("temperature", "top_p")
+                           if getattr(settings, key) is not None)
+        return f"sampled ({shaped or 'as the checkpoint configures'}; seed={self.seed}), {stop}"
+
+    @contextmanager
+    def _seeded(self, batch: Batch):
+        if not self.settings.do_sample:
+            yield
+            return
+        device = batch.inputs["input_ids"].device
+        cuda = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            torch.manual_seed(self.seed * 1_000_003 + int(batch.index[0]))
+            yield
+
+    def _answered(self, answers: Answers, mask: torch.Tensor, keep: torch.Tensor) -> Answered:
+        """The rows of the joined sequence: each prompt's kept tokens, then its new tokens (as
+        ``generate.rows`` keeps them)."""
+        sequences, new = answers.sequences, answers.new
+        steps = sequences.shape[1] - mask.shape[1]
+        answered = (torch.arange(steps, device=new.device)[None] < new[:, None])
+        rows = self.settings.rows
+        kept = torch.cat([keep & (rows is not GeneratedRows.answer),
+                          answered & (rows is not GeneratedRows.prompt)], 1)
+        real = torch.cat([mask.bool(), answered], 1)
+        generated = torch.cat([torch.zeros_like(mask, dtype=torch.bool), answered], 1)
+        positions = real.long().cumsum(1) - 1
+        bookkeeping = {INPUT_IDS: sequences[kept].to(torch.int32).cpu(),
+                       POSITIONS: positions[kept].to(torch.int32).cpu(),
+                       GENERATED: generated[kept].cpu()}
+        return Answered(kept, bookkeeping, most=self.settings.max_new_tokens,
+                        rows_kept=rows, lengths=kept.sum(1).cpu())
+
+
+def _padded_left(ids: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor):
+    """Right-padded (B, L) prompts as left-padded ones (the new tokens follow each prompt's
+    last token): each row turned by its padding."""
+    length = ids.shape[1]
+    shift = length - mask.sum(1, keepdim=True)
+    source = (torch.arange(length, device=ids.device)[None] - shift) % length
+    return ids.gather(1, source), mask.gather(1, source), keep.gather(1, source)
