@@ -2,7 +2,7 @@
 name, and tiny stand-ins for the Hugging Face checkpoints they name, put in the Hub cache under
 the real ids, so that ``model.name=gpt2`` loads offline as the docs show it.
 
-    docs.jsonl  ids.jsonl  images/{cat,dog}/  pairs.csv  clips/{yes,no}/  clips.csv
+    docs.jsonl  prompts.jsonl  ids.jsonl  images/{cat,dog}/  pairs.csv  clips/{yes,no}/  clips.csv
     tiny-clip.json
     gpt2, facebook/dinov2-with-registers-small, google/vit-base-patch16-224,
     openai/clip-vit-base-patch32, facebook/wav2vec2-base, facebook/wav2vec2-base-960h
@@ -40,6 +40,7 @@ def make_sandbox(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     texts = documents(12, seed=3, high=24)
     write_jsonl(root / "docs.jsonl", texts, labels=[n % 2 for n in range(12)])
+    write_jsonl(root / "prompts.jsonl", documents(6, seed=4, low=2, high=8))
     rng = np.random.default_rng(0)
     with (root / "ids.jsonl").open("w") as stream:
         for n in range(8):

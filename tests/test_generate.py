@@ -287,3 +287,75 @@ def test_the_cli_from_another_directory(tiny_lm, prompts, tmp_path):
     assert refused.returncode != 0
     assert "gradients are not taken while a model generates" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_gradients_of_the_answer_through_its_token_ids(gen_cfg, make_cfg, tiny_lm, tmp_path):
+    """The recipe for gradients (docs/generate.md): the generating run's ids and offsets as a
+    dataset=tokens corpus, read with hooks=[backward] objective=nll: its rows are the same
+    tokens, and its forward values the generating run's."""
+    answered = probe.run(gen_cfg("layers=[transformer.h.0]", output=tmp_path / "answers.h5"))
+    with probe.open(answered) as f:
+        np.save(tmp_path / "ids.npy", f["input_ids"][:])
+        np.save(tmp_path / "offsets.npy", f.offsets[:])
+    graded = probe.run(make_cfg(
+        "model=transformers", f"model.name={tiny_lm}", "dataset=tokens",
+        f"dataset.path={tmp_path / 'ids.npy'}", f"dataset.offsets={tmp_path / 'offsets.npy'}",
+        "layers=[transformer.h.0]", "hooks=[forward,backward]", "objective=nll",
+        output=tmp_path / "graded.h5"))
+    with probe.open(answered) as a, probe.open(graded) as g:
+        np.testing.assert_array_equal(a.offsets[:], g.offsets[:])
+        np.testing.assert_array_equal(a["input_ids"][:], g["input_ids"][:])
+        np.testing.assert_allclose(g["transformer.h.0/output"][:],
+                                   a["transformer.h.0/output"][:], atol=1e-4)
+        assert np.abs(g["transformer.h.0/grad_output"][:]).sum() > 0
+
+
+def test_token_id_prompts_answer_as_text_prompts_do(gen_cfg, make_cfg, tiny_lm, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lm)
+    ids = tmp_path / "prompts.jsonl"
+    ids.write_text("".join(json.dumps({"input_ids": tokenizer(text)["input_ids"]}) + "\n"
+                           for text in PROMPTS))
+    from_text = _samples(probe.run(gen_cfg("layers=[transformer.h.0]",
+                                           output=tmp_path / "text.h5")),
+                         "transformer.h.0/output")
+    from_ids = _samples(probe.run(make_cfg(
+        "model=transformers", f"model.name={tiny_lm}", "dataset=tokens", f"dataset.path={ids}",
+        "layers=[transformer.h.0]", "batch_size=4", f"generate.max_new_tokens={NEW}",
+        output=tmp_path / "ids.h5")), "transformer.h.0/output")
+    for a, b in zip(from_text, from_ids, strict=True):
+        assert a["completion"] == b["completion"]
+        np.testing.assert_array_equal(a["input_ids"], b["input_ids"])
+        np.testing.assert_allclose(a["transformer.h.0/output"], b["transformer.h.0/output"],
+                                   atol=1e-6)
+
+
+def test_torchrun_ranks_merge_into_the_one_process_run(gen_cfg, tiny_lm, prompts, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    single = _samples(probe.run(gen_cfg("layers=[transformer.h.0]",
+                                        output=tmp_path / "single.h5")),
+                      "transformer.h.0/output")
+    out = tmp_path / "ranks" / "answers.h5"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "-m", "probe",
+         "model=transformers", f"model.name={tiny_lm}", "dataset=text",
+         f"dataset.path={prompts}", "layers=[transformer.h.0]", "batch_size=4",
+         f"generate.max_new_tokens={NEW}", f"output.path={out}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=1800,
+        env={**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr
+    with h5py.File(out) as f:
+        index = f["index"][:].tolist()
+    merged = dict(zip(index, _samples(out, "transformer.h.0/output"), strict=True))
+    assert sorted(merged) == list(range(len(PROMPTS)))
+    for n, sample in enumerate(single):
+        assert merged[n]["completion"] == sample["completion"]
+        np.testing.assert_array_equal(merged[n]["input_ids"], sample["input_ids"])
+        np.testing.assert_allclose(merged[n]["transformer.h.0/output"],
+                                   sample["transformer.h.0/output"], atol=1e-5)
