@@ -43,6 +43,8 @@ class Hook(str, Enum):
     forward_pre = "input"
     backward = "grad_output"
     backward_input = "grad_input"
+    # an attention module's post-softmax weights per head (the module alone runs eager)
+    attention = "attention"
 
     @property
     def kind(self) -> str:

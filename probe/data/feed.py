@@ -160,6 +160,12 @@ class Feed(Protocol):
         the run (an open selection) or the batches hold no sequences."""
         return None
 
+    def longest(self, dataset: Dataset) -> int | None:
+        """The most positions a sample of the dataset feeds the model (its sequences'
+        ``max_length``), where samples vary in length and the dataset bounds them; None
+        otherwise."""
+        return None
+
     def bookkeeping(self, dataset: Dataset) -> dict[str, DatasetSpec]:
         """The datasets of one row per sample this kind of data adds beside the layers',
         filled from each batch's ``sample_rows`` (the layout adds those per position)."""

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
+from torch import nn
 
 from probe.config.schema import GeneratedRows, Reduce, Tokens
 from probe.errors import ConfigError
@@ -64,6 +65,21 @@ class RowLayout(Protocol):
 
     def select(self, value: torch.Tensor, pool: Tokens) -> torch.Tensor:
         """The stored rows of a (B, length, ...) value of a key that follows the layout."""
+
+    def stored_pattern(self, key: str, pattern: tuple[int, int, int], pool: Tokens,
+                       keys: int | None) -> tuple[tuple[int, ...], tuple[str, ...], bool]:
+        """For an attention pattern ``key`` of (heads, queries, keys) per sample: the stored
+        row's shape, its axes' names (rows first), and whether rows are one per position;
+        ``keys``: the most positions a sample has, where they vary.
+
+        Raises:
+            ConfigError: a pool this layout's patterns cannot take, or patterns it cannot
+                store.
+        """
+
+    def select_pattern(self, value: torch.Tensor, pool: Tokens, keys: int | None
+                       ) -> torch.Tensor:
+        """The stored rows of a (B, heads, queries, keys) pattern."""
 
     def check(self, plain: list[str], gradients: bool) -> None:
         """Refuse what this layout cannot store: keys that follow no layout (``plain``), or
@@ -106,9 +122,28 @@ def plain_dims(axes: int) -> tuple[str, ...]:
 
 class _Rows:
     """What a layout does where it has nothing to add: no refusals, no bookkeeping, nothing
-    on a device, nothing to say."""
+    on a device, nothing to say; an attention pattern per sample, as inputs of one fixed
+    length give it (every position real)."""
 
     lengths = None
+
+    def stored_pattern(self, key: str, pattern: tuple[int, int, int], pool: Tokens,
+                       keys: int | None) -> tuple[tuple[int, ...], tuple[str, ...], bool]:
+        heads, queries, length = pattern
+        if pool is Tokens.all:
+            return pattern, ("sample", "head", "query", "key"), False
+        if pool is Tokens.patches:
+            raise ConfigError(f"tokens=patches on {key}, an attention pattern: use tokens=all "
+                              "(every query's row), first, last or mean (one query row)")
+        return (heads, length), ("sample", "head", "key"), False
+
+    def select_pattern(self, value: torch.Tensor, pool: Tokens, keys: int | None
+                       ) -> torch.Tensor:
+        if pool is Tokens.all:
+            return value
+        if pool is Tokens.mean:
+            return value.mean(2, dtype=torch.promote_types(value.dtype, torch.float32))
+        return value[:, :, 0] if pool is Tokens.first else value[:, :, -1]
 
     def check(self, plain: list[str], gradients: bool) -> None:
         pass
@@ -209,6 +244,26 @@ class Positions(_Rows):
         weights = weights / weights.sum(1, keepdim=True)
         return torch.einsum("bl...,bl->b...", value.to(weights.dtype), weights)
 
+    def stored_pattern(self, key: str, pattern: tuple[int, int, int], pool: Tokens,
+                       keys: int | None) -> tuple[tuple[int, ...], tuple[str, ...], bool]:
+        if keys is None:
+            raise ConfigError(f"{key}: an attention pattern of {self.axis}s needs a bound on "
+                              f"a sample's {self.axis}s, its keys; set dataset.max_length")
+        if pool is Tokens.patches:
+            raise ConfigError(f"tokens=patches on {key}, an attention pattern: use tokens=all "
+                              "(a row per token), first, last or mean (one per sample)")
+        heads = pattern[0]
+        if pool is Tokens.all:
+            return (heads, keys), (self.axis, "head", "key"), True
+        return (heads, keys), ("sample", "head", "key"), False
+
+    def select_pattern(self, value: torch.Tensor, pool: Tokens, keys: int | None
+                       ) -> torch.Tensor:
+        # (B, heads, queries, keys) -> the kept queries' rows (heads, keys), the sample's keys
+        # first (a batch is padded on the right), zeros after them, up to ``keys``
+        rows = self.select(value.transpose(1, 2), pool)
+        return nn.functional.pad(rows, (0, keys - rows.shape[-1]))
+
     def bookkeeping(self) -> dict[str, DatasetSpec]:
         dims = {Attr.DIMS: [self.axis]}
         return {name: DatasetSpec((), str(values.dtype).removeprefix("torch."), dims,
@@ -253,6 +308,12 @@ class Pieces(Positions):
         sums.index_add_(0, owner, rows.to(dtype))
         return sums / lengths.view(-1, *[1] * (rows.dim() - 1)).to(dtype)
 
+    def stored_pattern(self, key: str, pattern: tuple[int, int, int], pool: Tokens,
+                       keys: int | None) -> tuple[tuple[int, ...], tuple[str, ...], bool]:
+        raise ConfigError(f"{key}: the attention patterns of a sample fed in pieces are not "
+                          "joined into one; feed whole samples (e.g. without "
+                          "dataset.window_seconds)")
+
     def check(self, plain: list[str], gradients: bool) -> None:
         if plain:
             raise ConfigError(
@@ -273,6 +334,12 @@ class Answered(Positions):
 
     most: int = 0
     rows_kept: GeneratedRows = GeneratedRows.all  # generate.rows: whose rows are stored
+
+    def stored_pattern(self, key: str, pattern: tuple[int, int, int], pool: Tokens,
+                       keys: int | None) -> tuple[tuple[int, ...], tuple[str, ...], bool]:
+        raise ConfigError(f"{key}: attention patterns are not stored while a model generates "
+                          "(each step adds a query and a key); store them without "
+                          "generate.max_new_tokens, on prompt + completion as token ids")
 
     def check(self, plain: list[str], gradients: bool) -> None:
         if plain:

@@ -6,8 +6,8 @@ differs.
     Preprocesses  the data's preprocessing that the model expects: ``transform``, ``tokenizer``,
                   ``detokenizer``
     FeedsAndReads a batch in, its row layout, the output read: ``place``, ``layout``,
-                  ``output_lengths``, ``input_limits``, ``forward``, ``generate``, ``logits``,
-                  ``objective``, ``example_batch``
+                  ``output_lengths``, ``input_limits``, ``forward``, ``generate``,
+                  ``patterns``, ``logits``, ``objective``, ``example_batch``
     Checks        data and layers the model cannot take: ``reads``, ``towers``, ``check``,
                   ``refusal``
 
@@ -18,7 +18,7 @@ found from the model's config alone (no model is built for it).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
@@ -108,6 +108,18 @@ class FeedsAndReads(Protocol):
             ConfigError: the model does not generate, saying which would.
         """
 
+    def patterns(self, model: nn.Module, hooked: Mapping[nn.Module, str],
+                 on_pattern: Callable[[str, torch.Tensor], None] | None
+                 ) -> AbstractContextManager[dict[str, tuple[int, int, int]]]:
+        """For a block, the ``hooked`` attention modules (module -> name) give their
+        post-softmax weights, (B, heads, queries, keys), to ``on_pattern(name, weights)``,
+        the rest of the model computing as before; yields, as the block runs, every module
+        that computed attention (name -> heads, queries, keys).
+
+        Raises:
+            ConfigError: the model's attention gives no patterns.
+        """
+
     def logits(self, output) -> torch.Tensor | None:
         """The logits in the model's output, or None."""
 
@@ -192,6 +204,13 @@ class Family:
                           f"{type(model).__name__} does not generate text; use a language model "
                           "with a causal_lm head (model=transformers model.name=...), or set "
                           "generate.max_new_tokens=0")
+
+    def patterns(self, model: nn.Module, hooked: Mapping[nn.Module, str],
+                 on_pattern: Callable[[str, torch.Tensor], None] | None
+                 ) -> AbstractContextManager[dict[str, tuple[int, int, int]]]:
+        raise ConfigError(f"hooks=[attention]: {type(model).__name__}'s attention gives no "
+                          "patterns here; they come from Hugging Face models "
+                          "(model=transformers), whose hooked attention modules run eager")
 
     def logits(self, output) -> torch.Tensor | None:
         return first_tensor(output)[0]

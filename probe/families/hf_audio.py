@@ -24,6 +24,7 @@ from probe.config.schema import Reduce
 from probe.data.feed import Batch, DataKind, Feed
 from probe.errors import ConfigError
 from probe.families.base import Family
+from probe.families.hf_attention import eager_patterns
 from probe.families.hub import require_head, required_logits, target
 from probe.file.format import TRANSCRIPT
 
@@ -38,6 +39,7 @@ class AudioFamily(Family):
     feed's layout of frames, whose real ones the model's length function gives."""
 
     name = "transformers-audio"
+    patterns = staticmethod(eager_patterns)  # hooks=[attention] (probe.families.hf_attention)
     libraries = ("transformers",)
     reads = (DataKind.audio,)
 

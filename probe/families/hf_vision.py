@@ -32,6 +32,7 @@ from probe.data.layouts import PatchGrid, RowLayout
 from probe.errors import DataError
 from probe.families import towers as two_towers
 from probe.families.base import Family, graph_from
+from probe.families.hf_attention import eager_patterns
 from probe.families.hub import place, source_of
 
 __all__ = ["VisionFamily", "TwoTowerFamily", "ImageProcessorTransform", "VISION", "TWO_TOWERS",
@@ -71,6 +72,7 @@ class VisionFamily(Family):
     a layout of a class token, register tokens and a grid of patches."""
 
     name = "transformers-vision"
+    patterns = staticmethod(eager_patterns)  # hooks=[attention] (probe.families.hf_attention)
     libraries = ("transformers",)
     reads = (DataKind.tensors,)
     place = staticmethod(place)  # a device map may spread the model (probe.families.hub)
@@ -102,6 +104,7 @@ class TwoTowerFamily(Family):
     docstring)."""
 
     name = "transformers-two-tower"
+    patterns = staticmethod(eager_patterns)  # hooks=[attention] (probe.families.hf_attention)
     libraries = ("transformers",)
     towers = MappingProxyType({"vision": ("vision_model", "visual_projection"),
                                "text": ("text_model", "text_projection")})

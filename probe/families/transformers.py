@@ -28,6 +28,7 @@ from probe.data.feed import Batch, DataKind, Feed, ModelLimits
 from probe.errors import ConfigError
 from probe.families import hf_audio, hf_vision
 from probe.families.base import Answers, Family, graph_from
+from probe.families.hf_attention import eager_patterns
 from probe.families.hub import (
     HEADS,
     CaptionTokenizer,
@@ -160,6 +161,7 @@ class TransformersFamily(Family):
     the feed's layout of real tokens, their logits in ``output.logits``."""
 
     name = "transformers"
+    patterns = staticmethod(eager_patterns)  # hooks=[attention] (probe.families.hf_attention)
     libraries = ("transformers",)
     reads = (DataKind.text,)
     place = staticmethod(place)  # a device map may spread the model (probe.families.hub)

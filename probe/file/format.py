@@ -82,6 +82,9 @@ class Attr:
     KEYWORD = "keyword"  # the input was given by this keyword (Llama's hidden_states=...)
     DIMS = "dims"  # the name of each axis: ["sample", "channel", "height", "width"], ...
     CLASSES = "classes"  # root: the class names of a file-backed dataset, by target
+    EAGER_ATTENTION = "eager_attention"  # root: the modules whose patterns are stored (eager)
+    ATTENTION = "attention"  # an attention pattern's: the implementation that made it (eager)
+    KEYS = "keys"  # an attention pattern's key axis: its length, and what lies after a sample's
 
 
 def dataset_key(layer: str, kind: str) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from probe.config.schema import Hook
 from probe.data.feed import Batch
 from probe.data.layouts import SAMPLE_ROWS, RowLayout
 from probe.errors import ConfigError, ProbeError
@@ -25,7 +26,7 @@ __all__ = ["DryRun", "dry_run"]
 
 # the forward hook whose value has the shape of each kind (gradients have their tensor's shape)
 _SHAPE_SOURCE = {"output": "forward", "grad_output": "forward", "input": "forward_pre",
-                 "grad_input": "forward_pre"}
+                 "grad_input": "forward_pre", "attention": "attention"}
 
 
 @dataclass
@@ -35,11 +36,12 @@ class DryRun:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # batch axis first
     follows: set[str] = field(default_factory=set)  # keys whose tensors follow the layout
     layout: RowLayout = SAMPLE_ROWS  # the first dry batch's row layout
+    patterns: set[str] = field(default_factory=set)  # attention patterns: the layout stores them
 
     @property
     def plain(self) -> list[str]:
-        """The keys that follow no layout: stored a row per sample."""
-        return [key for key in self.shapes if key not in self.follows]
+        """The keys that follow no layout, nor are patterns: stored a row per sample."""
+        return [key for key in self.shapes if key not in self.follows | self.patterns]
 
 
 def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.device,
@@ -60,7 +62,8 @@ def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.
         # The first pass runs the whole model and counts how often each hooked module runs;
         # later ones only need the hooked modules' shapes.
         dry = Capture(capture.model, capture.layers, kinds, dtype=capture.dtype,
-                      stop_early=n > 0, calls=capture.calls if n > 0 else None)
+                      stop_early=n > 0, calls=capture.calls if n > 0 else None,
+                      patterns=capture.patterns)
         if n > 0:
             dry.arm()
         on_device = batch.to(device)
@@ -81,6 +84,9 @@ def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.
         kind, call = parse_kind(kind)
         source = call_key(layer, kind.removeprefix("grad_"), call)
         found.shapes[key] = shapes[0][source]
+        if kind == Hook.attention.kind:  # stored by the layout's own rule for patterns
+            found.patterns.add(key)
+            continue
         if source in capture.tuple_positions:
             capture.tuple_positions[key] = capture.tuple_positions[source]
         # an axis that follows the layout in every dry batch (whose lengths differ) is its own

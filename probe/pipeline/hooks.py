@@ -9,20 +9,24 @@ Gradient kinds are filled by ``Capture.backward(objective)``.
     forward_pre     -> <layer>/input         the module's first input (positional, or keyword)
     backward        -> <layer>/grad_output   d objective / d output
     backward_input  -> <layer>/grad_input    d objective / d first input
+    attention       -> <layer>/attention     an attention module's post-softmax weights,
+                                             (B, heads, queries, keys), from ``patterns``:
+                                             the model family's (Family.patterns), which
+                                             runs that module alone eager
 
 A module that runs several times in one forward pass (resnet's shared ReLU) gives one value per
 run: ``<layer>/output`` for the first, ``<layer>/output_1``, ``_2``, ... for later ones.
 
 A batch that the model is called on several times, each call adding positions (generation: the
-prompt, then one new token per call, with a key/value cache), is captured inside
+prompt, then one new position per call, with a key/value cache), is captured inside
 ``with capture.joined():``: each call's values are joined along their position axis, and
 ``take()`` makes the rows of the whole sequence.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from types import MappingProxyType
 
 import torch
@@ -39,6 +43,11 @@ from probe.pipeline.modules import resolve_layers
 from probe.pipeline.reduce import resolve_reduces
 
 __all__ = ["attach", "Capture", "StopForward", "parse_hooks"]
+
+# a family's source of attention patterns: (model, {module: layer}, on_pattern(layer,
+# weights)) -> a context manager that yields the modules computing attention (Family.patterns)
+Patterns = Callable[[nn.Module, Mapping[nn.Module, str], Callable[[str, torch.Tensor], None]],
+                    AbstractContextManager]
 
 _FLOAT16_LIMIT = 65520.0  # the smallest magnitude that float16 rounds to infinity
 
@@ -63,7 +72,8 @@ def attach(model: nn.Module, layers: Iterable[str], hooks: Iterable[str | Hook] 
     Args:
         model: the model; its mode and parameters are left as they are.
         layers: module names or globs, as in the ``layers`` config key.
-        hooks: any of forward, forward_pre, backward, backward_input.
+        hooks: any of forward, forward_pre, backward, backward_input, attention (the
+            model's family gives the patterns: Hugging Face models).
         reduce: none, mean, max (over the axes after the channel axis) or flatten.
         reduce_by_layer: exceptions to ``reduce``: {layer name or glob: reduce}; a layer's own
             name beats a glob, and globs that match one layer must agree.
@@ -72,8 +82,13 @@ def attach(model: nn.Module, layers: Iterable[str], hooks: Iterable[str | Hook] 
     Raises:
         ConfigError: an unknown layer, hook or reduce.
     """
+    patterns = None
+    if Hook.attention in parse_hooks(hooks):
+        from probe.families.registry import family_for
+
+        patterns = family_for(None, model).patterns
     return Capture(model, layers, hooks, reduce=reduce, reduce_by_layer=reduce_by_layer,
-                   dtype=dtype)
+                   dtype=dtype, patterns=patterns)
 
 
 def parse_hooks(hooks: Iterable[str | Hook]) -> list[Hook]:
@@ -107,8 +122,13 @@ class Capture:
                  hooks: Iterable[str | Hook] = ("forward",), *, reduce: str | Reduce = "none",
                  reduce_by_layer: Mapping[str, str | Reduce] | None = None,
                  dtype: torch.dtype | None = None, stop_early: bool = False,
-                 calls: Mapping[str, int] | None = None):
+                 calls: Mapping[str, int] | None = None, patterns: Patterns | None = None):
         self.model = model
+        # where attention patterns come from (hooks=[attention]): the family's
+        self.patterns = patterns
+        # the modules that computed attention in the latest pass, once patterns are asked
+        self.attention_modules: dict[str, tuple[int, int, int]] = {}
+        self._exits = ExitStack()
         self.layers = resolve_layers(model, layers)
         self.hooks = parse_hooks(hooks)
         # layer -> how its values are reduced
@@ -217,6 +237,14 @@ class Capture:
     def __enter__(self) -> Capture:
         modules = dict(self.model.named_modules())
         try:
+            if Hook.attention in self.hooks:
+                if self.patterns is None:
+                    raise ConfigError("hooks=[attention] needs a model whose family gives "
+                                      "attention patterns (Hugging Face models); this one's "
+                                      "does not")
+                self.attention_modules = self._exits.enter_context(self.patterns(
+                    self.model, {modules[layer]: layer for layer in self.layers},
+                    self._on_pattern))
             # a new forward pass starts: forget the last one's values
             self._handles.append(self.model.register_forward_pre_hook(self._on_model_start))
             wants_pre = {Hook.forward_pre, Hook.backward_input, Hook.backward} & set(self.hooks)
@@ -242,6 +270,7 @@ class Capture:
         """Remove every hook, newest first, and drop references to the graph."""
         while self._handles:
             self._handles.pop().remove()
+        self._exits.close()
         self._edges.clear()
 
     # -- reading ------------------------------------------------------------------------------
@@ -277,6 +306,8 @@ class Capture:
             idle = [layer for layer, n in self.calls.items() if n == 0]
             if learned:
                 self.calls = None
+            if Hook.attention in self.hooks:
+                _check_attention_modules(self.layers, self.attention_modules)
             if idle:
                 raise ConfigError(
                     f"nothing was captured for {', '.join(idle)}: the module did not run in the "
@@ -385,6 +416,10 @@ class Capture:
         if Hook.backward in self.hooks:
             self._record_edge(call_key(layer, "grad_output", call), tensor, position)
 
+    def _on_pattern(self, layer: str, weights: torch.Tensor) -> None:
+        self._keep(call_key(layer, Hook.attention.kind, self._run(layer, Hook.attention.kind)),
+                   weights, None)
+
     def _tensor_of(self, layer: str, value, what: str) -> tuple[torch.Tensor, int | None]:
         tensor, position = first_tensor(value)
         if tensor is None:
@@ -431,6 +466,16 @@ class Capture:
         if position is not None:
             self.tuple_positions[key] = position
         self._edges[key] = get_gradient_edge(tensor)
+
+
+def _check_attention_modules(layers: list[str], found: Mapping[str, tuple]) -> None:
+    """Refuse hooked layers that computed no attention, naming those that did."""
+    other = [layer for layer in layers if layer not in found]
+    if other:
+        named = ", ".join(found) or "none"
+        raise ConfigError(f"{other[0]} is not an attention module (it computes no attention "
+                          f"weights), so hooks=[attention] has no pattern there; this model's "
+                          f"attention modules: {named}")
 
 
 def _what(key: str) -> str:

@@ -48,14 +48,15 @@ def layer_table(cfg: DictConfig) -> tuple[list[str], list[tuple[str, ...]]]:
     model = build_model(cfg)
     family = family_for(cfg.model, model)
     model, device = family.place(model, resolve_device(config.device), config.device)
-    batch = family.example_batch(model) if family.towers else _first_sample(cfg, family, model)
+    batch, longest = ((family.example_batch(model), None) if family.towers else
+                      _first_sample(cfg, family, model))
     try:
-        layout, infos = _described(family, model, batch, device)
+        layout, infos, attention = _described(family, model, batch, device)
     except (RuntimeError, ValueError):  # the data does not suit it (224 px for a 32 px ViT)
-        batch = family.example_batch(model)
+        batch, longest = family.example_batch(model), None
         if batch is None:
             raise
-        layout, infos = _described(family, model, batch, device)
+        layout, infos, attention = _described(family, model, batch, device)
     reduces = resolve_reduces([info.name for info in infos], config.reduce,
                               config.reduce_by_layer)
     # the rows a run of this config stores (a generating run adds the answer's)
@@ -75,6 +76,12 @@ def layer_table(cfg: DictConfig) -> tuple[list[str], list[tuple[str, ...]]]:
         note = f" x{info.calls} calls" if info.calls > 1 else ""
         rows.append((info.name, info.type, f"{shape}{note}",
                      human_bytes(itemsize * math.prod(shape)), *tower))
+        if info.name in attention:  # hooks=[attention] stores its pattern
+            pattern = _pattern_shape(info.name, layout, attention[info.name], config.tokens,
+                                     longest)
+            size = "-" if isinstance(pattern, str) else human_bytes(itemsize * math.prod(pattern))
+            rows.append((f"{info.name}/attention", f"{attention[info.name][0]} heads",
+                         str(pattern), size, *tower))
     notes = [layout.describe()]
     most, exact = compute.positions(None if layout.lengths is None else
                                     layout.lengths.numpy())
@@ -83,24 +90,50 @@ def layer_table(cfg: DictConfig) -> tuple[list[str], list[tuple[str, ...]]]:
     return [note for note in notes if note], rows
 
 
-def _first_sample(cfg: DictConfig, family: Family, model: nn.Module) -> Batch:
-    # the config's first sample, or the family's own batch where the model cannot read it
+def _first_sample(cfg: DictConfig, family: Family, model: nn.Module
+                  ) -> tuple[Batch, int | None]:
+    # the config's first sample, or the family's own batch where the model cannot read it;
+    # and the most positions a sample of the dataset has
     dataset = build_dataset(cfg)
     feed = feed_for(dataset)
     try:
         family.check(model, feed, {})
-        return feed.for_model(family.output_lengths(model)).dry_batches(dataset, 0)[0]
+        return (feed.for_model(family.output_lengths(model)).dry_batches(dataset, 0)[0],
+                feed.longest(dataset))
     except ConfigError:
         batch = family.example_batch(model)
         if batch is None:
             raise
-        return batch
+        return batch, None
 
 
 def _described(family: Family, model: nn.Module, batch: Batch, device: torch.device):
+    """The batch's layout, every module's shape, and the attention modules (name -> heads,
+    queries, keys), where the family gives patterns."""
     on_device = batch.to(device)
     layout = family.layout(model, on_device)
-    return layout, describe_layers(model, lambda: family.forward(model, on_device))
+    attention: dict[str, tuple[int, int, int]] = {}
+
+    def forward():
+        try:
+            patterns = family.patterns(model, {}, None)
+        except ConfigError:  # patterns are not to be had: no module is marked
+            return family.forward(model, on_device)
+        with patterns as seen:
+            output = family.forward(model, on_device)
+        attention.update(seen)
+        return output
+
+    return layout, describe_layers(model, forward), attention
+
+
+def _pattern_shape(name: str, layout, pattern: tuple[int, int, int], tokens: Tokens,
+                   longest: int | None) -> tuple[int, ...] | str:
+    # what hooks=[attention] stores for a sample (a token), as a run's transform would
+    try:
+        return layout.stored_pattern(f"{name}/attention", pattern, tokens, longest)[0]
+    except ConfigError:  # no bound on the keys yet: the dataset's max_length gives it
+        return f"({pattern[0]}, dataset.max_length)"
 
 
 def _stored_shape(info: LayerInfo, layout, tokens: Tokens, reduce: Reduce) -> tuple[int, ...]:

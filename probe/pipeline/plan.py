@@ -165,7 +165,7 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
                                  if config.needs_grad else (None, None))
     capture = Capture(model, config.layers, config.hooks, reduce=config.reduce,
                       reduce_by_layer=config.reduce_by_layer, dtype=out.dtype.torch,
-                      stop_early=config.stop_early)
+                      stop_early=config.stop_early, patterns=family.patterns)
     family.check(model, feed, capture.reduces)
     compute = pass_for(config, cfg.model, family, model, capture, objective)
     feed = feed.for_model(family.output_lengths(model))
@@ -191,7 +191,8 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     capture.transforms = transforms_for(
         shown.shapes, shown.follows, capture.reduces, layout=layout, pool=config.tokens,
         dtype=out.dtype.torch,
-        channels_first={layer for layer in capture.layers if lays_channels_first(modules[layer])})
+        channels_first={layer for layer in capture.layers if lays_channels_first(modules[layer])},
+        keys=feed.longest(dataset))
     capture.arm()  # the dry run counted every hooked module's runs
     compute.rehearse(batches[0].to(device))
     if config.tokens.name != "all" and not shown.follows:
@@ -199,6 +200,7 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
                     "to pool", Attr.TOKENS, config.tokens.name)
     datasets = {**_specs(capture), **layout.bookkeeping(), **feed.bookkeeping(dataset),
                 **compute.bookkeeping()}
+    _warn_of_large_patterns(capture, datasets, feed.longest(dataset))
     if config.skip_bad:
         datasets[SKIPPED] = DatasetSpec((), "int64", {Attr.DIMS: ["skipped"]},
                                         compressible=False)
@@ -230,12 +232,34 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
                 dry_run_seconds=dry_run_seconds)
 
 
+_LARGE_PATTERN = 1 << 20  # bytes of attention pattern per sample above which the plan warns
+
+
+def _warn_of_large_patterns(capture: Capture, datasets: dict[str, DatasetSpec],
+                            longest: int | None) -> None:
+    # a pattern of every position is the sample's length times a hidden state
+    for key, transform in capture.transforms.items():
+        if not transform.pattern:
+            continue
+        spec = datasets[key]
+        per_sample = spec.row_bytes * ((longest or 1) if transform.per_position else 1)
+        if per_sample > _LARGE_PATTERN:
+            log.warning("%s stores up to %s per sample (%s per %s); tokens=first or last keeps "
+                        "one query row per sample", key, human_bytes(per_sample),
+                        human_bytes(spec.row_bytes), transform.dims[0])
+
+
 def _specs(capture: Capture) -> dict[str, DatasetSpec]:
     """What the store creates for each key: its transform's rows, type and attrs."""
     specs = {}
     for key in capture.keys:
         transform = capture.transforms[key]
         attrs = {**capture.attrs(key), Attr.DIMS: list(transform.dims)}
+        if transform.pattern:  # computed eager by this module alone (probe.families)
+            attrs[Attr.ATTENTION] = "eager"
+            if transform.keys is not None:
+                attrs[Attr.KEYS] = (f"{transform.keys}: a sample's keys first, zeros after its "
+                                    "length")
         specs[key] = DatasetSpec(transform.row_shape, str(capture.dtype).removeprefix("torch."),
                                  attrs, per_position=transform.per_position)
     return specs
@@ -355,6 +379,10 @@ def _root_attrs(config: ProbeConfig, capture: Capture, shown: DryRun,
              Attr.SHARD_INDEX: config.shard.index, Attr.SHARD_COUNT: config.shard.count}
     if objective_name is not None:
         attrs[Attr.OBJECTIVE] = objective_name
-    if shown.follows:
+    if shown.follows or any(t.pattern for t in capture.transforms.values()):
         attrs[Attr.TOKENS] = config.tokens.name
+    eager = [layer for layer in capture.layers if any(
+        t.pattern and key.startswith(f"{layer}/") for key, t in capture.transforms.items())]
+    if eager:  # the modules that ran eager attention; the rest kept the model's own
+        attrs[Attr.EAGER_ATTENTION] = eager
     return attrs

@@ -40,6 +40,7 @@ class Sequences(Protocol):
     probe.data.tokens)."""
 
     label_column: str | None  # where the targets come from; None: no targets
+    max_length: int | None  # the most tokens a sample feeds the model; None: not bounded
     packing: bool  # samples are windows of several documents (then /document is stored)
 
     def __getitem__(self, index: int) -> dict: ...
@@ -71,7 +72,7 @@ class TextFeed(Feed):
         """Every sample within the model's positions and its ids within its vocabulary (the
         lengths are known before the run, unless the corpus is read as it comes: then its
         max_length must be within the positions)."""
-        positions, longest = limits.positions, getattr(dataset, "max_length", None)
+        positions, longest = limits.positions, dataset.max_length
         if isinstance(selection, OpenSelection):
             if positions is not None and (longest is None or longest > positions):
                 raise ConfigError(
@@ -168,6 +169,9 @@ class TextFeed(Feed):
         if isinstance(selection, OpenSelection):
             return None
         return dataset.stored_lengths(selection)
+
+    def longest(self, dataset: Sequences) -> int | None:
+        return dataset.max_length
 
     def bookkeeping(self, dataset: Sequences) -> dict[str, DatasetSpec]:
         """None per sample: each token row's id and position (and, for packed windows, its
