@@ -22,7 +22,7 @@ __all__ = ["cli"]
 
 _COMMANDS = {"probe": "run", "probe.layers": "layers", "probe.merge": "merge",
              "probe.fit": "fit", "probe.gradcam": "gradcam", "probe.compare": "compare",
-             "probe.encode": "encode"}
+             "probe.encode": "encode", "probe.export": "export"}
 
 
 def cli(*args: str, cwd: Path, module: str = "probe", **env: str

@@ -20,7 +20,8 @@ PACKAGE = REPO / "probe"
 FLOORS = ["errors", "version", "config", "file", "data", "families", "pipeline", "analyses",
           "commands"]
 # what python -m probe.<command> runs; each only calls into probe.commands
-ENTRY_POINTS = {"__main__", "layers", "merge", "fit", "gradcam", "compare", "encode"}
+ENTRY_POINTS = {"__main__", "layers", "merge", "fit", "gradcam", "compare", "encode",
+                "export"}
 MODULES = {p: ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
            for p in sorted(PACKAGE.rglob("*.py"))}
 

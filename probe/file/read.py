@@ -34,6 +34,8 @@ from probe.file.output import WriterLock
 from probe.file.partial import open_for_reading
 
 if TYPE_CHECKING:
+    import xarray
+
     from probe.file.rows import RowLoader
 
 __all__ = ["open", "open_checked", "FeatureFile"]
@@ -223,6 +225,30 @@ class FeatureFile(Mapping):
         if dataset.attrs.get(Attr.DTYPE) == "bfloat16" and dataset.dtype == np.uint16:
             return BFloat16Rows(dataset)
         return dataset
+
+    def to_xarray(self, key: str) -> xarray.DataArray:
+        """``key`` as a lazy ``xarray.DataArray`` (probe.file.dataarray): the file's dims,
+        coords along the rows (index, target, ...; sample, input_ids, ... for token rows);
+        nothing is read until indexed. Use it while the file is open, or ``.load()`` it.
+
+        Example::
+
+            x = f.to_xarray("transformer.h.6/output")      # dims ('token', 'feature')
+            x.where(x.document == 3, drop=True).values
+
+        Raises:
+            ConfigError: the file does not hold ``key``.
+            ImportError: xarray is not installed (pip install 'probe[export]').
+        """
+        if key not in self._file or not isinstance(self._file[key], h5py.Dataset):
+            self.require(key)
+        try:
+            from probe.file.dataarray import data_array
+        except ImportError as err:
+            if err.name != "xarray":
+                raise
+            raise ImportError("to_xarray needs xarray: pip install 'probe[export]'") from None
+        return data_array(self, key)
 
     def per_token(self, key: str) -> bool:
         """Whether ``key`` holds one row per stored token (else one per sample)."""
