@@ -1,7 +1,7 @@
 """python -m probe.export against reading the same bytes with h5py and writing them raw.
 
     python benchmarks/bench_export.py                  # 2 GiB of image rows, 1 GiB of text rows
-    python benchmarks/bench_export.py --gib 0.25 --text-gib 0.125 --repeat 1    # a quick look
+    python benchmarks/bench_export.py --gib 0.25 --text-gib 0.125 --repeat 1 --memory-mb 4  # quick
 
 Two files, made by probe's own store (uncompressed, as a run writes them by default):
 
