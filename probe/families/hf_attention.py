@@ -106,22 +106,20 @@ def _register(implementation: str) -> None:
 
 
 def _dispatch(implementation: str):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     def attention(module, query, key, value, attention_mask, *args, **kwargs):
         active = _ACTIVE.get()
-        eager = _own_eager(module)
         if active is not None:
             name = active.names.get(module, type(module).__name__)
             active.seen.setdefault(name, (int(query.shape[1]), int(query.shape[2]),
                                           int(key.shape[2])))
-        if active is None or module not in active.hooked:
-            if implementation == "eager":
-                return eager(module, query, key, value, attention_mask, *args, **kwargs)
-            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-            return ALL_ATTENTION_FUNCTIONS[implementation](module, query, key, value,
-                                                           attention_mask, *args, **kwargs)
+        if active is None or module not in active.hooked:  # as the model would compute it
+            own = (_own_eager(module) if implementation == "eager" else
+                   ALL_ATTENTION_FUNCTIONS[implementation])
+            return own(module, query, key, value, attention_mask, *args, **kwargs)
         mask = _additive(attention_mask, module, query, key, kwargs.get("is_causal"))
-        output, weights = eager(module, query, key, value, mask, *args, **kwargs)
+        output, weights = _own_eager(module)(module, query, key, value, mask, *args, **kwargs)
         if active.on_pattern is not None:
             active.on_pattern(active.hooked[module], weights)
         return output, weights
