@@ -70,9 +70,8 @@ def left_padded(batches) -> list[dict]:
 
     made = []
     for batch in batches:
-        ids, mask, _ = _padded_left(batch.inputs["input_ids"], batch.inputs["attention_mask"],
-                                    batch.layout.keep)
-        made.append({"input_ids": ids, "attention_mask": mask})
+        inputs, _ = _padded_left(batch.inputs, batch.layout.keep)
+        made.append({"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]})
     return made
 
 

@@ -23,6 +23,11 @@ never look inside it, so a new kind of rows is one more class here.
                                   tokens) then patches on a (rows, columns) grid: a vision
                                   transformer's; ``tokens=patches`` lays the patches out as a
                                   (features, rows, columns) map
+    ImageText(text, parts)        a vision-language model's: its language model's positions
+                                  (``text``, a Positions with /modality and /patch) and, by
+                                  the module names of its vision tower and projector, the
+                                  layout of each (a row per image); ``rows_for`` says which
+                                  layout a layer's values follow
 """
 
 from __future__ import annotations
@@ -35,11 +40,10 @@ from torch import nn
 
 from probe.config.schema import GeneratedRows, Reduce, Tokens
 from probe.errors import ConfigError
-from probe.file.format import Attr, DatasetSpec, split_key
+from probe.file.format import VALUE_NAMES, Attr, DatasetSpec, split_key
 
 __all__ = ["RowLayout", "SampleRows", "SAMPLE_ROWS", "Positions", "Pieces", "Answered",
-           "PatchGrid",
-           "plain_dims", "feature_dims"]
+           "PatchGrid", "ImageText", "plain_dims", "feature_dims"]
 
 
 class RowLayout(Protocol):
@@ -104,6 +108,19 @@ class RowLayout(Protocol):
         """The layout in words, for ``python -m probe.layers``; None where there is nothing
         to say."""
 
+    @property
+    def sequence(self) -> Positions | None:
+        """The rows of the positions along the model's input sequence (a text layout's own,
+        the language-model part of a vision-language batch's), which a generation extends;
+        None for a layout without."""
+
+    def with_sequence(self, sequence: Positions) -> RowLayout:
+        """This layout with ``sequence`` in place of its own (a generation's rows)."""
+
+    def rows_for(self, layer: str) -> RowLayout:
+        """The layout that ``layer``'s values follow: this one, or (a vision-language
+        batch's) that of the model's part the layer belongs to."""
+
 
 def feature_dims(axes: int) -> tuple[str, ...]:
     """The names of the axes after a position axis: its features."""
@@ -161,6 +178,16 @@ class _Rows:
     def describe(self) -> str | None:
         return None
 
+    @property
+    def sequence(self) -> Positions | None:
+        return None
+
+    def with_sequence(self, sequence: Positions) -> RowLayout:
+        return sequence
+
+    def rows_for(self, layer: str) -> RowLayout:
+        return self
+
 
 @dataclass(frozen=True)
 class SampleRows(_Rows):
@@ -191,13 +218,16 @@ class Positions(_Rows):
     """Ragged positions, ``keep`` (B, L) marking the real ones (see the module's docstring).
 
     ``rows``: bookkeeping per kept position, in order ({"input_ids": (kept,), ...}); ``axis``
-    names a position in the file's ``dims`` attr ("token", "frame").
+    names a position in the file's ``dims`` attr ("token", "frame"); ``answer_fill``: the
+    value of a bookkeeping row that the feed made (a vision-language model's /modality,
+    /patch) on a position that a generation adds.
     """
 
     keep: torch.Tensor
     rows: dict[str, torch.Tensor] = field(default_factory=dict)
     axis: str = "token"
     lengths: torch.Tensor | None = field(default=None, compare=False)
+    answer_fill: dict[str, int] = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         if self.lengths is None:  # counted once, on the CPU where the batch was made
@@ -265,10 +295,16 @@ class Positions(_Rows):
         return nn.functional.pad(rows, (0, keys - rows.shape[-1]))
 
     def bookkeeping(self) -> dict[str, DatasetSpec]:
-        dims = {Attr.DIMS: [self.axis]}
-        return {name: DatasetSpec((), str(values.dtype).removeprefix("torch."), dims,
-                                  compressible=False, per_position=True)
-                for name, values in self.rows.items()}
+        specs = {}
+        for name, values in self.rows.items():
+            # a row of several values (/patch's row and column) names its axis by the dataset
+            attrs = {Attr.DIMS: [self.axis, *([f"{name}_axis"] if values.dim() > 1 else [])]}
+            if name in VALUE_NAMES:
+                attrs[Attr.VALUES] = list(VALUE_NAMES[name])
+            specs[name] = DatasetSpec(tuple(values.shape[1:]),
+                                      str(values.dtype).removeprefix("torch."), attrs,
+                                      compressible=False, per_position=True)
+        return specs
 
     @property
     def bookkeeping_rows(self) -> dict[str, torch.Tensor]:
@@ -276,6 +312,10 @@ class Positions(_Rows):
 
     def to(self, device: torch.device) -> Positions:
         return replace(self, keep=self.keep.to(device, non_blocking=True), lengths=self.lengths)
+
+    @property
+    def sequence(self) -> Positions:
+        return self
 
 
 @dataclass(frozen=True)
@@ -411,6 +451,118 @@ class PatchGrid(_Rows):
         return (f"token layout: {self.length} tokens = {self.prefix} class/register token(s) "
                 f"+ {rows}x{columns} patches; tokens=patches stores (features, {rows}, "
                 f"{columns})")
+
+
+@dataclass(frozen=True)
+class ImageText:
+    """A vision-language batch's rows (see the module's docstring): ``text``, the language
+    model's positions (image placeholders included), and ``parts``: for the vision tower and
+    the projector, the module names each starts at and the layout of its values (a row per
+    image), or the line that refuses its layers (a batch whose images are not one per
+    sample: tiles, several images, patches of all images in one sequence)."""
+
+    text: Positions
+    parts: tuple[tuple[tuple[str, ...], RowLayout | str], ...] = ()
+
+    @property
+    def length(self) -> int:
+        return self.text.length
+
+    @property
+    def lengths(self) -> torch.Tensor | None:
+        return self.text.lengths
+
+    @property
+    def sequence(self) -> Positions:
+        return self.text
+
+    def with_sequence(self, sequence: Positions) -> ImageText:
+        return replace(self, text=sequence)
+
+    def rows_for(self, layer: str) -> RowLayout:
+        part = self._part(layer)
+        if isinstance(part, str):
+            return _Refused(part)
+        return self.text if part is None else part
+
+    def _part(self, layer: str) -> RowLayout | str | None:
+        for roots, part in self.parts:
+            if any(layer == root or layer.startswith(f"{root}.") for root in roots):
+                return part
+        return None
+
+    # a caller that does not ask ``rows_for`` gets the language model's rows
+    def follows(self, shape: tuple[int, ...]) -> bool:
+        return self.text.follows(shape)
+
+    def stored(self, key: str, rows: tuple[int, ...], pool: Tokens, reduce: Reduce
+               ) -> tuple[tuple[int, ...], tuple[str, ...], bool]:
+        return self.rows_for(split_key(key)[0]).stored(key, rows, pool, reduce)
+
+    def select(self, value: torch.Tensor, pool: Tokens) -> torch.Tensor:
+        return self.text.select(value, pool)
+
+    def stored_pattern(self, key: str, pattern: tuple[int, int, int], pool: Tokens,
+                       keys: int | None) -> tuple[tuple[int, ...], tuple[str, ...], bool]:
+        return self.rows_for(split_key(key)[0]).stored_pattern(key, pattern, pool, keys)
+
+    def select_pattern(self, value: torch.Tensor, pool: Tokens, keys: int | None
+                       ) -> torch.Tensor:
+        return self.text.select_pattern(value, pool, keys)
+
+    def check(self, plain: list[str], gradients: bool) -> None:
+        # a vision part's plain keys (a pooled output, a convolution's map) are a row per
+        # image, which is a row per sample here: only the language model's follow its rows
+        text = []
+        for key in plain:
+            part = self._part(split_key(key)[0])
+            if isinstance(part, str):
+                raise ConfigError(part)
+            if part is None:
+                text.append(key)
+        self.text.check(text, gradients)
+
+    def bookkeeping(self) -> dict[str, DatasetSpec]:
+        return self.text.bookkeeping()
+
+    @property
+    def bookkeeping_rows(self) -> dict[str, torch.Tensor]:
+        return self.text.bookkeeping_rows
+
+    def to(self, device: torch.device) -> ImageText:
+        parts = tuple((roots, part if isinstance(part, str) else part.to(device))
+                      for roots, part in self.parts)
+        return replace(self, text=self.text.to(device), parts=parts)
+
+    def describe(self) -> str | None:
+        said = [self.text.describe() or "token rows: each sample's processed sequence, image "
+                                        "placeholders included (/modality, /patch)"]
+        for roots, part in self.parts:
+            what = part if isinstance(part, str) else part.describe() or "a row per image"
+            said.append(f"{', '.join(roots)}: {what}")
+        return "; ".join(said)
+
+
+@dataclass(frozen=True)
+class _Refused(_Rows):
+    """The layout of a model part whose layers this batch cannot store: each asks says why."""
+
+    line: str
+    length = None
+
+    def follows(self, shape: tuple[int, ...]) -> bool:
+        return False
+
+    def stored(self, key: str, rows: tuple[int, ...], pool: Tokens, reduce: Reduce
+               ) -> tuple[tuple[int, ...], tuple[str, ...], bool]:
+        raise ConfigError(self.line)
+
+    def stored_pattern(self, key: str, pattern: tuple[int, int, int], pool: Tokens,
+                       keys: int | None) -> tuple[tuple[int, ...], tuple[str, ...], bool]:
+        raise ConfigError(self.line)
+
+    def select(self, value: torch.Tensor, pool: Tokens) -> torch.Tensor:
+        raise ConfigError(self.line)
 
 
 def _feature_pooling(key: str, reduce: Reduce, rows: str, instead: str) -> str:

@@ -23,7 +23,7 @@ HEADS = {"causal_lm": "AutoModelForCausalLM", "masked_lm": "AutoModelForMaskedLM
          "sequence_classification": "AutoModelForSequenceClassification",
          "image_classification": "AutoModelForImageClassification",
          "ctc": "AutoModelForCTC", "audio_classification": "AutoModelForAudioClassification",
-         "base": "AutoModel"}
+         "image_text_to_text": "AutoModelForImageTextToText", "base": "AutoModel"}
 
 
 def source_of(name: str) -> str:

@@ -14,7 +14,6 @@ the class's main input.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import sys
 from collections.abc import Callable
@@ -23,12 +22,13 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from probe.config.schema import Dtype, GenerateConfig
+from probe.config.schema import Dtype
 from probe.data.feed import Batch, DataKind, Feed, ModelLimits
 from probe.errors import ConfigError
-from probe.families import hf_audio, hf_vision
-from probe.families.base import Answers, Family, graph_from
+from probe.families import hf_audio, hf_vision, hf_vlm
+from probe.families.base import Family, graph_from
 from probe.families.hf_attention import eager_patterns
+from probe.families.hf_generation import generate, nll, top1
 from probe.families.hub import (
     HEADS,
     CaptionTokenizer,
@@ -175,20 +175,14 @@ class TransformersFamily(Family):
         return _served_by(type(model)) or self
 
     def transform(self, model_cfg: DictConfig) -> Callable | None:
-        # the checkpoint's own preprocessing, from the family that serves what it reads: its
-        # config names its class (no model is built for this)
-        import transformers
-
-        options = {"trust_remote_code": bool(model_cfg.get("trust_remote_code", False))}
-        try:
-            config = transformers.AutoConfig.from_pretrained(source_of(model_cfg.name), **options)
-        except OSError as err:
-            raise unavailable(str(model_cfg.name), str(model_cfg.name), err) from None
-        classes = [getattr(transformers, str(n), None) for n in config.architectures or ()]
-        served = [_served_by(c) for c in classes if isinstance(c, type)]
-        return next((f.transform(model_cfg) for f in served if f is not None), None)
+        # the checkpoint's own preprocessing, from the family that serves what it reads
+        served = _served_by_config(model_cfg)
+        return None if served is None else served.transform(model_cfg)
 
     def tokenizer(self, model_cfg: DictConfig) -> Callable | None:
+        served = _served_by_config(model_cfg)
+        if served is not None and served.reads == (DataKind.pairs,):  # a processor's prompts
+            return served.tokenizer(model_cfg)
         return CaptionTokenizer(str(model_cfg.name),
                                 trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
 
@@ -218,30 +212,7 @@ class TransformersFamily(Family):
         with graph_from(model.get_input_embeddings(), input_grad):
             return model(**batch.inputs)
 
-    def generate(self, model: nn.Module, inputs: dict, settings: GenerateConfig,
-                 all_logits: bool = False) -> Answers:
-        if not (hasattr(model, "can_generate") and model.can_generate()):
-            raise ConfigError(
-                f"generate.max_new_tokens={settings.max_new_tokens}: {type(model).__name__} has "
-                "no language-model head to generate with; use model.head=causal_lm (or auto "
-                "where the checkpoint is a causal language model)")
-        config = model.generation_config
-        ends = _ids(config.eos_token_id) if settings.stop_at_eos else []
-        pad = config.pad_token_id if config.pad_token_id is not None else (ends or [0])[0]
-        options = {"max_new_tokens": settings.max_new_tokens, "do_sample": settings.do_sample,
-                   "eos_token_id": ends or None, "pad_token_id": pad, "use_cache": True,
-                   "return_dict_in_generate": True}
-        if settings.do_sample:
-            options.update({key: getattr(settings, key) for key in ("temperature", "top_p")
-                            if getattr(settings, key) is not None})
-        accepts = inspect.signature(model.forward).parameters
-        if all_logits and "logits_to_keep" in accepts:
-            options["logits_to_keep"] = 0  # every position's, as a forward over them gives
-        out = model.generate(**inputs, **options)
-        sequences, prompt = out.sequences, inputs["input_ids"].shape[1]
-        if out.cache.get_seq_length() < sequences.shape[1]:  # the last token was never fed
-            _feed_last_token(model, sequences, inputs["attention_mask"], out.cache, accepts)
-        return Answers(sequences, _new_tokens(sequences[:, prompt:], ends))
+    generate = staticmethod(generate)  # probe.families.hf_generation
 
     def logits(self, output) -> torch.Tensor | None:
         return getattr(output, "logits", None)
@@ -273,60 +244,28 @@ FAMILY = register(TransformersFamily())
 
 
 def _served_by(cls: type) -> Family | None:
-    """The family of the sibling module that serves checkpoints of class ``cls``: a two-tower
-    model (image and text features; its main input is input_ids, but an image dataset feeds
-    its vision tower), or one that reads pixels or sound; None for token ids (this module's)."""
+    """The family of the sibling module that serves checkpoints of class ``cls``: a
+    vision-language model (its main input is input_ids, with images), a two-tower model (image
+    and text features; an image dataset feeds its vision tower), or one that reads pixels or
+    sound; None for token ids (this module's)."""
+    if hf_vlm.is_vision_language(cls):
+        return hf_vlm.VISION_LANGUAGE
     if hf_vision.is_two_tower(cls):
         return hf_vision.TWO_TOWERS
     return {"pixel_values": hf_vision.VISION, "input_values": hf_audio.AUDIO,
             "input_features": hf_audio.AUDIO}.get(getattr(cls, "main_input_name", "input_ids"))
 
 
-def _ids(value) -> list[int]:
-    # a generation config's token ids: one, a list, or none
-    return [] if value is None else [int(value)] if isinstance(value, int) else list(value)
+def _served_by_config(model_cfg: DictConfig) -> Family | None:
+    """The family that serves the checkpoint ``model_cfg`` names, from its config's classes
+    (no model is built for this); None for a language model (this module's)."""
+    import transformers
 
-
-def _feed_last_token(model: nn.Module, sequences: torch.Tensor, prompt_mask: torch.Tensor,
-                     cache, accepts) -> None:
-    """One more step, as generate() would take it, on the last new token: its logits are
-    dropped, its hooks' values are the token's own (positions counted as generate counts
-    them under left padding)."""
-    new = sequences.shape[1] - prompt_mask.shape[1]
-    mask = torch.cat([prompt_mask, prompt_mask.new_ones(len(prompt_mask), new)], 1)
-    extra = {"use_cache": True}
-    if "position_ids" in accepts:
-        extra["position_ids"] = (mask.long().cumsum(-1) - 1).clamp_min(0)
-    if "logits_to_keep" in accepts:
-        extra["logits_to_keep"] = 1
-    model(**model.prepare_inputs_for_generation(
-        sequences, next_sequence_length=1, cache=cache, attention_mask=mask, **extra),
-        return_dict=True)
-
-
-def _new_tokens(new: torch.Tensor, ends: list[int]) -> torch.Tensor:
-    """Each sample's count of new tokens: up to and with its first end token, else all."""
-    if not ends or not new.shape[1]:
-        return torch.full((len(new),), new.shape[1], dtype=torch.long, device=new.device)
-    ended = torch.isin(new, torch.tensor(ends, device=new.device))
-    first = ended.int().argmax(1)
-    return torch.where(ended.any(1), first + 1, new.shape[1])
-
-
-def nll(logits: torch.Tensor, batch) -> torch.Tensor:
-    """Each sample's mean next-token negative log-likelihood over its real tokens (0 for a
-    sample of one token, which predicts nothing)."""
-    ids = batch.inputs["input_ids"][:, 1:]
-    mask = batch.inputs["attention_mask"]
-    counted = (mask[:, 1:] * mask[:, :-1]).float()  # predictions from a real token of a real one
-    losses = nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2).float(), ids,
-                                         reduction="none")
-    return (losses * counted).sum(1) / counted.sum(1).clamp_min(1)
-
-
-def top1(logits: torch.Tensor, batch) -> torch.Tensor:
-    """The largest logit: at each sample's last real token, or of a classification head."""
-    if logits.dim() == 3:
-        last = batch.inputs["attention_mask"].sum(1) - 1
-        logits = logits[torch.arange(len(logits), device=logits.device), last]
-    return logits.amax(1)
+    options = {"trust_remote_code": bool(model_cfg.get("trust_remote_code", False))}
+    try:
+        config = transformers.AutoConfig.from_pretrained(source_of(model_cfg.name), **options)
+    except OSError as err:
+        raise unavailable(str(model_cfg.name), str(model_cfg.name), err) from None
+    classes = [getattr(transformers, str(n), None) for n in config.architectures or ()]
+    served = [_served_by(c) for c in classes if isinstance(c, type)]
+    return next((family for family in served if family is not None), None)

@@ -30,7 +30,7 @@ from probe.config.schema import HOOK_OF_KIND, Hook
 
 __all__ = [
     "INDEX", "TARGET", "OFFSETS", "INPUT_IDS", "POSITIONS", "DOCUMENT", "FILE", "SKIPPED",
-    "CAPTION", "TRANSCRIPT", "GENERATED", "COMPLETION",
+    "CAPTION", "TRANSCRIPT", "GENERATED", "COMPLETION", "MODALITY", "PATCH", "VALUE_NAMES",
     "ROWS_PER_POSITION", "Hook", "HOOK_OF_KIND", "Attr",
     "DatasetSpec", "FileState", "dataset_key", "split_key", "call_key", "parse_kind",
     "dataset_names", "partial_path", "creating_path", "read_state",
@@ -48,6 +48,10 @@ CAPTION = "caption"  # each image-text pair's caption
 TRANSCRIPT = "transcript"  # each clip's text, where the dataset has a transcript column
 GENERATED = "generated"  # generation: whether each token row is a generated token
 COMPLETION = "completion"  # generation: each sample's answer, decoded
+MODALITY = "modality"  # vision-language models: what each token row is (VALUE_NAMES)
+PATCH = "patch"  # vision-language models: an image row's (row, column) on its patch grid
+# the name of each value of a bookkeeping dataset of codes, by value (its attr Attr.VALUES)
+VALUE_NAMES = {MODALITY: ("text", "image")}
 ROWS_PER_POSITION = "token"  # the rows attr of a dataset with one row per stored position
 
 
@@ -85,6 +89,7 @@ class Attr:
     EAGER_ATTENTION = "eager_attention"  # root: the modules whose patterns are stored (eager)
     ATTENTION = "attention"  # an attention pattern's: the implementation that made it (eager)
     KEYS = "keys"  # an attention pattern's key axis: its length, and what lies after a sample's
+    VALUES = "values"  # a dataset of codes: the name of each value, by value (VALUE_NAMES)
 
 
 def dataset_key(layer: str, kind: str) -> str:

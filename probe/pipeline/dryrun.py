@@ -90,7 +90,8 @@ def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.
         if source in capture.tuple_positions:
             capture.tuple_positions[key] = capture.tuple_positions[source]
         # an axis that follows the layout in every dry batch (whose lengths differ) is its own
-        if all(layout.follows(s[source]) for s, layout in zip(shapes, layouts, strict=True)):
+        if all(layout.rows_for(layer).follows(s[source])
+               for s, layout in zip(shapes, layouts, strict=True)):
             found.follows.add(key)
     return found
 

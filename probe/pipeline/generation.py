@@ -65,15 +65,14 @@ class GenerationPass:
 
     def __call__(self, batch: Batch, most: int | None = None) -> Batch:
         prompts = self.family.layout(self.model, batch)
-        ids, mask, keep = _padded_left(batch.inputs["input_ids"],
-                                       batch.inputs["attention_mask"], prompts.keep)
+        inputs, keep = _padded_left(batch.inputs, prompts.sequence.keep)
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]
         settings = (self.settings if most is None else
                     replace(self.settings, max_new_tokens=most))
         with self._seeded(batch), torch.inference_mode(), self.capture.joined():
-            answers = self.family.generate(self.model, {**batch.inputs, "input_ids": ids,
-                                                        "attention_mask": mask},
-                                           settings, all_logits=self.all_logits)
-        layout = self._answered(answers, mask, keep)
+            answers = self.family.generate(self.model, inputs, settings,
+                                           all_logits=self.all_logits)
+        layout = prompts.with_sequence(self._answered(answers, mask, keep, prompts.sequence))
         self.capture.layout = layout
         new = answers.sequences[:, ids.shape[1]:].tolist()
         texts = self.detokenize([row[:n] for row, n in zip(new, answers.new.tolist(),
@@ -96,8 +95,13 @@ class GenerationPass:
         with self.capture:
             for all_logits in (False, True):
                 self.all_logits = all_logits
-                length = self(batch, most=_REHEARSED_TOKENS).layout.length
-                short = {key: n for key, n in self.capture.joined_lengths.items() if n != length}
+                layout = self(batch, most=_REHEARSED_TOKENS).layout
+                length = layout.length
+                # the keys of the language model's positions (a vision tower runs once, on
+                # the prompt's images, and keeps its own rows)
+                short = {key: shape[1] for key, shape in self.capture.joined_shapes.items()
+                         if layout.rows_for(split_key(key)[0]).sequence is not None
+                         and shape[1] != length}
                 if not short:
                     self.capture.take()
                     log.info("generate: up to %d new tokens per prompt, %s; rows: %s%s",
@@ -112,16 +116,19 @@ class GenerationPass:
             "without generate.max_new_tokens")
 
     def rows(self, layout: RowLayout) -> RowLayout:
-        if not isinstance(layout, Positions):
+        prompts = layout.sequence
+        if prompts is None:
             raise ConfigError("generate.max_new_tokens needs prompts: dataset=text or "
-                              "dataset=tokens, read by a language model")
-        if DOCUMENT in layout.rows:
+                              "dataset=tokens, read by a language model, or dataset=pairs "
+                              "read by a vision-language model")
+        if DOCUMENT in prompts.rows:
             raise ConfigError("generate.max_new_tokens answers whole prompts, and "
                               "dataset.packing=true cuts documents into windows; set "
                               "dataset.packing=false")
         flags = torch.zeros(0, dtype=torch.bool)
-        return Answered(layout.keep, {**layout.rows, GENERATED: flags},
-                        most=self.settings.max_new_tokens, rows_kept=self.settings.rows)
+        return layout.with_sequence(Answered(
+            prompts.keep, {**prompts.rows, GENERATED: flags}, most=self.settings.max_new_tokens,
+            rows_kept=self.settings.rows))
 
     def bookkeeping(self) -> dict[str, DatasetSpec]:
         return {COMPLETION: DatasetSpec((), "str", {Attr.DIMS: ["sample"]},
@@ -166,9 +173,11 @@ class GenerationPass:
             torch.manual_seed(self.seed * 1_000_003 + int(batch.index[0]))
             yield
 
-    def _answered(self, answers: Answers, mask: torch.Tensor, keep: torch.Tensor) -> Answered:
+    def _answered(self, answers: Answers, mask: torch.Tensor, keep: torch.Tensor,
+                  prompts: Positions) -> Answered:
         """The rows of the joined sequence: each prompt's kept tokens, then its new tokens (as
-        ``generate.rows`` keeps them)."""
+        ``generate.rows`` keeps them); ``keep``: the prompts' kept positions, padded on the
+        left as ``mask``, of the rows of ``prompts``."""
         sequences, new = answers.sequences, answers.new
         steps = sequences.shape[1] - mask.shape[1]
         answered = (torch.arange(steps, device=new.device)[None] < new[:, None])
@@ -180,15 +189,37 @@ class GenerationPass:
         positions = real.long().cumsum(1) - 1
         bookkeeping = {INPUT_IDS: sequences[kept].to(torch.int32).cpu(),
                        POSITIONS: positions[kept].to(torch.int32).cpu(),
-                       GENERATED: generated[kept].cpu()}
+                       GENERATED: generated[kept].cpu(),
+                       **_carried(prompts, keep.cpu(), steps, kept.cpu())}
         return Answered(kept, bookkeeping, most=self.settings.max_new_tokens,
                         rows_kept=rows, lengths=kept.sum(1).cpu())
 
 
-def _padded_left(ids: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor):
+def _padded_left(inputs: dict, keep: torch.Tensor) -> tuple[dict, torch.Tensor]:
     """Right-padded (B, L) prompts as left-padded ones (the new tokens follow each prompt's
-    last token): each row turned by its padding."""
+    last token): each row of every (B, L) input (ids, mask, a processor's token types) and
+    of ``keep`` turned by its padding."""
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
     length = ids.shape[1]
     shift = length - mask.sum(1, keepdim=True)
     source = (torch.arange(length, device=ids.device)[None] - shift) % length
-    return ids.gather(1, source), mask.gather(1, source), keep.gather(1, source)
+    turned = {key: value.gather(1, source)
+              if isinstance(value, torch.Tensor) and value.shape == ids.shape else value
+              for key, value in inputs.items()}
+    return turned, keep.gather(1, source)
+
+
+def _carried(prompts: Positions, keep: torch.Tensor, steps: int, kept: torch.Tensor
+             ) -> dict[str, torch.Tensor]:
+    """The feed's own bookkeeping of the prompts' rows (a vision-language model's /modality
+    and /patch) on the rows kept of the joined sequence: a prompt row's own value, the
+    layout's ``answer_fill`` on a generated one. ``keep``: the prompts' kept positions
+    (padded on the left), whose rows ``prompts.rows`` holds in order."""
+    carried = {}
+    for name, fill in prompts.answer_fill.items():
+        values = prompts.rows[name]
+        joined = torch.full((len(keep), keep.shape[1] + steps, *values.shape[1:]), fill,
+                            dtype=values.dtype)
+        joined[:, :keep.shape[1]][keep] = values
+        carried[name] = joined[kept]
+    return carried

@@ -227,10 +227,10 @@ class Capture:
             self._joining = None
 
     @property
-    def joined_lengths(self) -> dict[str, int]:
-        """The positions of each key's value that the last ``joined()`` block joined (until
+    def joined_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shape of each key's value that the last ``joined()`` block joined (until
         ``take()``)."""
-        return {key: int(value.shape[1]) for key, value in self._joined.items()}
+        return {key: tuple(value.shape) for key, value in self._joined.items()}
 
     # -- lifetime -----------------------------------------------------------------------------
 

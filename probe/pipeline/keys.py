@@ -42,10 +42,12 @@ class KeyTransform:
     # positions at most), else None; patterns are not None here
     keys: int | None = None
     pattern: bool = False  # an attention pattern (B, heads, queries, keys), as the layout stores
+    layer: str = ""  # whose values these are: the layout says which of its rows they follow
 
     def __call__(self, value: torch.Tensor, layout: RowLayout = SAMPLE_ROWS) -> torch.Tensor:
         """The stored rows of a captured (B, ...) tensor of a batch of ``layout`` (cast by
         the caller, which copies)."""
+        layout = layout.rows_for(self.layer)
         if self.pattern:
             return layout.select_pattern(value, self.pool, self.keys)
         if self.pool is not None:
@@ -66,6 +68,8 @@ def key_transform(key: str, raw_shape: tuple[int, ...], *, reduce: Reduce,
     Raises:
         ConfigError: a pool or reduce that the layout's rows cannot take.
     """
+    layer = split_key(key)[0]
+    layout = layout.rows_for(layer)
     if parse_kind(split_key(key)[1])[0] == PATTERN_KIND:
         return _pattern_transform(key, raw_shape, reduce, layout, pool, dtype, keys)
     own = layout if follows else SAMPLE_ROWS
@@ -78,7 +82,8 @@ def key_transform(key: str, raw_shape: tuple[int, ...], *, reduce: Reduce,
         rows, dims = (math.prod(rows),), (dims[0], "feature")
     elif reduce is not Reduce.none:
         reduce = Reduce.none  # nothing to pool or flatten: the attr says what was done
-    return KeyTransform(reduce, pool if follows else None, per_position, dtype, rows, dims)
+    return KeyTransform(reduce, pool if follows else None, per_position, dtype, rows, dims,
+                        layer=layer)
 
 
 def _pattern_transform(key: str, raw_shape: tuple[int, ...], reduce: Reduce,
@@ -92,7 +97,7 @@ def _pattern_transform(key: str, raw_shape: tuple[int, ...], reduce: Reduce,
             f"the reduce ('reduce_by_layer={{{split_key(key)[0]}:none}}')")
     rows, dims, per_position = layout.stored_pattern(key, tuple(raw_shape[1:]), pool, keys)
     return KeyTransform(Reduce.none, pool, per_position, dtype, rows, dims, keys=keys,
-                        pattern=True)
+                        pattern=True, layer=split_key(key)[0])
 
 
 def transforms_for(shapes: Mapping[str, tuple[int, ...]], follows: set[str],

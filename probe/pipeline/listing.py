@@ -48,8 +48,9 @@ def layer_table(cfg: DictConfig) -> tuple[list[str], list[tuple[str, ...]]]:
     model = build_model(cfg)
     family = family_for(cfg.model, model)
     model, device = family.place(model, resolve_device(config.device), config.device)
-    batch, longest = ((family.example_batch(model), None) if family.towers else
-                      _first_sample(cfg, family, model))
+    # a model of several towers shows them all on its own batch, where it makes one
+    own = family.example_batch(model) if family.towers else None
+    batch, longest = (own, None) if own is not None else _first_sample(cfg, family, model)
     try:
         layout, infos, attention = _described(family, model, batch, device)
     except (RuntimeError, ValueError):  # the data does not suit it (224 px for a 32 px ViT)
@@ -141,7 +142,7 @@ def _stored_shape(info: LayerInfo, layout, tokens: Tokens, reduce: Reduce) -> tu
     key = f"{info.name}/output"
     try:
         transform = key_transform(key, raw, reduce=reduce, layout=layout,
-                                  follows=layout.follows(raw), pool=tokens)
+                                  follows=layout.rows_for(info.name).follows(raw), pool=tokens)
     except ConfigError:  # a reduce this layer refuses: shown as it would be captured
         transform = key_transform(key, raw, reduce=reduce)
     return transform.row_shape
