@@ -330,3 +330,37 @@ def test_cli_lists_layers_by_part(checkpoints, pairs, tmp_path):
     assert any("model.multi_modal_projector " in line and "projector" in line for line in lines)
     assert any("model.language_model.layers.1 " in line and "language" in line
                for line in lines)
+
+
+def test_several_images_per_sample(checkpoints, tmp_path):
+    from PIL import Image
+
+    for n, color in enumerate(("red", "blue", "green")):
+        Image.new("RGB", (32, 40), color).save(tmp_path / f"{n}.png")
+    rows = [{"image": ["0.png", "1.png"], "text": "which is red"},
+            {"image": ["2.png"], "text": "and this"}]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    folder, language = checkpoints("llava"), PARTS["llava"][0]
+    out = run_with(vlm_cfg(folder, path, tmp_path / "f.h5", f"layers=[{language}]"))
+    with h5py.File(out) as f:
+        bounds, modality, patch = f["offsets"][:], f["modality"][:], f["patch"][:]
+        files = [name.decode() for name in f["file"][:]]
+    assert files == ["0.png;1.png", "2.png"]
+    first = slice(bounds[0], bounds[1])
+    image = modality[first] == 1
+    assert image.sum() == 2 * 16 and modality[bounds[1]:].sum() == 16
+    # each image's grid starts again at (0, 0)
+    within = np.arange(32) % 16
+    np.testing.assert_array_equal(patch[first][image], np.stack([within // 4, within % 4], 1))
+    with pytest.raises(ConfigError, match="reach the vision tower for 1 sample"):
+        run_with(vlm_cfg(folder, path, tmp_path / "g.h5", f"layers=[{PARTS['llava'][1]}]",
+                         "limit=1"))
+
+
+def test_a_layer_the_model_does_not_have(checkpoints, pairs, tmp_path):
+    # Idefics3's name for the language model, on a LLaVA
+    with pytest.raises(ConfigError, match="model.text_model.layers.0"):
+        run_with(vlm_cfg(checkpoints("llava"), pairs, tmp_path / "f.h5",
+                         "layers=[model.text_model.layers.0]"))
+    assert no_h5_files(tmp_path)

@@ -42,30 +42,39 @@ def _tokenizer(specials: list[str], named: dict[str, str] | None = None):
 def _llama(vocab: int, **extra):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=vocab, hidden_size=WIDTH, intermediate_size=2 * WIDTH,
-                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                       max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
-                       eos_token_id=2, **extra)
+    settings = {"hidden_size": WIDTH, "intermediate_size": 2 * WIDTH, "num_hidden_layers": 2,
+                "num_attention_heads": 2, "num_key_value_heads": 1,
+                "max_position_embeddings": 512, **extra}
+    return LlamaConfig(vocab_size=vocab, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                       **settings)
 
 
 def _chat(image_text: str) -> str:
     return CHAT.replace("{{ image }}", image_text)
 
 
-def llava(folder: Path) -> None:
+def llava(folder: Path, image: int = IMAGE, patch: int = 8, vision: tuple[int, int, int] =
+          (WIDTH, 2, 2), text: tuple[int, int, int] = (WIDTH, 2, 2)) -> None:
+    """LLaVA-1.5's architecture: a CLIP vision tower of ``vision`` (width, blocks, heads) at
+    ``image`` pixels in patches of ``patch``, a 2-layer projector, a Llama of ``text``."""
     import transformers as t
 
     tokenizer = _tokenizer(["<image>"])
-    vision = t.CLIPVisionConfig(hidden_size=WIDTH, intermediate_size=2 * WIDTH,
-                                num_hidden_layers=2, num_attention_heads=2, image_size=IMAGE,
-                                patch_size=8, projection_dim=WIDTH)
-    config = t.LlavaConfig(vision_config=vision, text_config=_llama(len(tokenizer)),
+    width, blocks, heads = vision
+    tower = t.CLIPVisionConfig(hidden_size=width, intermediate_size=4 * width,
+                               num_hidden_layers=blocks, num_attention_heads=heads,
+                               image_size=image, patch_size=patch, projection_dim=width)
+    width, blocks, heads = text
+    language = _llama(len(tokenizer)) if text == (WIDTH, 2, 2) else _llama(
+        len(tokenizer), hidden_size=width, intermediate_size=4 * width, num_hidden_layers=blocks,
+        num_attention_heads=heads, num_key_value_heads=heads)
+    config = t.LlavaConfig(vision_config=tower, text_config=language,
                            image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
                            vision_feature_layer=-1)
     t.LlavaForConditionalGeneration(config).save_pretrained(folder)
-    images = t.CLIPImageProcessor(size={"shortest_edge": IMAGE},
-                                  crop_size={"height": IMAGE, "width": IMAGE})
-    t.LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=8,
+    images = t.CLIPImageProcessor(size={"shortest_edge": image},
+                                  crop_size={"height": image, "width": image})
+    t.LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=patch,
                      vision_feature_select_strategy="default", num_additional_image_tokens=1,
                      chat_template=_chat("<image>")).save_pretrained(folder)
 

@@ -281,7 +281,8 @@ def _part_layouts(model: nn.Module, batch: Batch) -> tuple[tuple[tuple[str, ...]
                 "image; store layers of its language model, whose image rows carry /modality "
                 "and /patch")
     elif images != len(batch):
-        line = (f"{images} images (or tiles) reach the vision tower for {len(batch)} samples, "
+        samples = f"{len(batch)} sample{'s' if len(batch) > 1 else ''}"
+        line = (f"{images} images (or tiles) reach the vision tower for {samples}, "
                 "so its layers ({layer}) have no row per sample; give one image per sample (a "
                 "model that tiles images: turn its splitting off in the processor), or store "
                 "layers of the language model, whose image rows carry /modality and /patch")
