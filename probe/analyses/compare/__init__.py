@@ -11,6 +11,11 @@ when both files hold the same tokens of each shared document. CKA is computed fr
 streamed over blocks of rows (probe.analyses.compare.cka); RSA from RDMs of at most
 ``rdm_samples`` samples (probe.analyses.compare.rsa). Memory is bounded by ``memory_mb``,
 whatever the size of the file.
+
+The other side may be a brain instead (probe.analyses.compare.brain): ``rdm=`` RDMs (one, or
+one per subject, which gives the noise ceiling) or ``responses=`` to make them from, their
+stimuli matched to the file's rows by ``index=`` (default: dataset order); ``bootstrap=K``
+draws the stimuli K times for an interval around every RSA value.
 """
 
 from __future__ import annotations
@@ -22,14 +27,30 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import torch
 
+from probe.analyses.compare.brain import (
+    BrainRDMs,
+    bootstrap_intervals,
+    load_brain,
+    noise_ceiling,
+    spearman_mean,
+    upper,
+)
 from probe.analyses.compare.cka import cka_matrix
 from probe.analyses.compare.config import CompareConfig as _Defaults
 from probe.analyses.compare.pairing import Pairing, pair_rows
-from probe.analyses.compare.rsa import rdm, spearman_matrix, subset, upper_ranks
-from probe.analyses.stats import AlignedRows, analysis_device, budget_bytes, select_keys
+from probe.analyses.compare.rsa import rdm as model_rdm
+from probe.analyses.compare.rsa import spearman_matrix, subset, upper_ranks
+from probe.analyses.stats import (
+    AlignedRows,
+    analysis_device,
+    budget_bytes,
+    match_index,
+    select_keys,
+)
 from probe.analyses.tables import aligned, beside, write_csv, writing
-from probe.errors import ConfigError, OutputError
+from probe.errors import ConfigError, DataError, OutputError
 from probe.file.read import FeatureFile, open_checked
 
 __all__ = ["compare", "Similarity", "write_similarity", "format_table", "default_out_dir",
@@ -39,6 +60,8 @@ log = logging.getLogger(__name__)
 
 METRICS = ("cka", "cka_debiased", "rsa")
 COLUMNS = ("key_a", "key_b", "metric", "value")
+INTERVAL = ("ci_low", "ci_high")  # bootstrap=K: the 95% percentile interval
+CEILING = ("ceiling_lower", "ceiling_upper")  # per-subject RDMs: the noise ceiling
 
 
 @dataclass
@@ -55,11 +78,27 @@ class Similarity:
     samples: int  # the samples (documents) compared
     rows: int  # the rows compared: samples, tokens, or the rdm_samples subset
     notes: dict = field(default_factory=dict)  # how it was computed
+    intervals: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    ceiling: tuple[float, float] | None = None  # (lower, upper), against per-subject RDMs
+
+    def columns(self) -> tuple[str, ...]:
+        """``COLUMNS``, then ``INTERVAL`` (bootstrap) and ``CEILING`` (subjects) if computed."""
+        return (COLUMNS + (INTERVAL if self.intervals else ())
+                + (CEILING if self.ceiling else ()))
 
     def table(self) -> list[dict]:
-        """One dict per pair, with the keys of ``COLUMNS``, ``keys_a`` by ``keys_b``."""
-        return [{"key_a": a, "key_b": b, "metric": self.metric, "value": self.values[(a, b)]}
-                for a in self.keys_a for b in self.keys_b]
+        """One dict per pair, with the keys of ``columns()``, ``keys_a`` by ``keys_b``."""
+        rows = []
+        for a in self.keys_a:
+            for b in self.keys_b:
+                row = {"key_a": a, "key_b": b, "metric": self.metric,
+                       "value": self.values[(a, b)]}
+                if self.intervals:
+                    row.update(zip(INTERVAL, self.intervals[(a, b)], strict=True))
+                if self.ceiling:
+                    row.update(zip(CEILING, self.ceiling, strict=True))
+                rows.append(row)
+        return rows
 
     def matrix(self) -> np.ndarray:
         """(len(keys_a), len(keys_b)) values."""
@@ -69,8 +108,11 @@ class Similarity:
 def compare(path: str | Path, other: str | Path | None = _Defaults.other,
             keys: list[str] | None = _Defaults.keys,
             other_keys: list[str] | None = _Defaults.other_keys,
-            metric: str = _Defaults.metric, *, rdm_samples: int | None = _Defaults.rdm_samples,
+            metric: str | None = _Defaults.metric, *,
+            rdm_samples: int | None = _Defaults.rdm_samples,
             rdms: str | Path | None = None, seed: int = _Defaults.seed,
+            rdm: str | None = _Defaults.rdm, responses: str | None = _Defaults.responses,
+            index: str | None = _Defaults.index, bootstrap: int = _Defaults.bootstrap,
             device: str = _Defaults.device, memory_mb: float = _Defaults.memory_mb,
             accumulate: str = _Defaults.accumulate) -> Similarity:
     """Compare every stored key of ``path`` with every other one, or with every key of
@@ -84,10 +126,19 @@ def compare(path: str | Path, other: str | Path | None = _Defaults.other,
             keys of ``path`` among themselves.
         keys: "<layer>/<kind>"s or "<layer>"s of ``path``; None for every stored dataset.
         other_keys: the same for ``other``; None for the names of ``keys`` (or every dataset).
-        metric: ``cka``, ``cka_debiased`` or ``rsa``.
+        metric: ``cka``, ``cka_debiased`` or ``rsa``; None: ``rsa`` against a brain,
+            else ``cka``.
         rdm_samples: rsa: the most samples an RDM is made of (a subset drawn with ``seed``).
         rdms: rsa: an HDF5 file to write the RDMs to, or None.
-        seed: draws the ``rdm_samples`` subset.
+        seed: draws the ``rdm_samples`` subset and the bootstrap samples.
+        rdm: instead of ``other``, the brain's RDMs: a ``.npy`` file or ``F.h5:name`` of
+            (N, N), (S, N, N) for S subjects, or condensed (N(N-1)/2,) or (S, N(N-1)/2).
+        responses: instead of ``rdm``, (N, F) or (S, N, F) responses to make them from
+            (1 - Pearson r).
+        index: ``.npy`` of the dataset sample of each of the brain's N stimuli; None for
+            dataset order (stimulus i is sample i).
+        bootstrap: rsa: draw the stimuli this many times for a 95% interval of each value
+            (``Similarity.intervals``); 0 for none.
         device: where the sums are made (``cpu``, ``cuda``, ``auto``, ...).
         memory_mb: MiB for the rows and sums held at once.
         accumulate: cka: ``auto``, ``features`` or ``gram`` (see probe.analyses.compare.cka).
@@ -99,14 +150,33 @@ def compare(path: str | Path, other: str | Path | None = _Defaults.other,
         ProbeError: a file is missing or unfinished, lacks a key, or the files share no
             sample; or a bad option (named, with what to use instead).
     """
+    brain = None
+    if rdm is not None or responses is not None:
+        if other is not None:
+            raise ConfigError("other= and rdm=/responses= both name the other side; give one")
+        if metric not in (None, "rsa"):
+            raise ConfigError(f"rdm= and responses= are compared by RSA, not metric={metric}; "
+                              "leave metric out or use metric=rsa")
+        brain = load_brain(rdm, responses, index)
+    elif index is not None:
+        raise ConfigError("index= matches a brain's stimuli to the file's rows; it goes with "
+                          "rdm= or responses=")
+    metric = metric or ("rsa" if brain is not None else "cka")
     if metric not in METRICS:
         raise ConfigError(f"metric={metric!r}: use cka, cka_debiased or rsa")
+    if int(bootstrap) < 0 or (bootstrap and metric != "rsa"):
+        raise ConfigError(f"bootstrap={bootstrap}: a number of bootstrap samples (0 for none) "
+                          "for metric=rsa; CKA's intervals are not computed yet")
     if rdm_samples is not None and int(rdm_samples) < 3:
         raise ConfigError(f"rdm_samples={rdm_samples} must be at least 3, or null for all")
     budget = budget_bytes(memory_mb)
     torch_device = analysis_device(device)
     with open_checked(path) as fa:
         keys_a = select_keys(fa, keys)
+        if brain is not None:
+            return _brain_rsa(fa, keys_a, brain, rdm_samples, seed, budget, int(bootstrap),
+                              torch_device, rdms, {"device": str(torch_device),
+                                                   "memory_mb": float(memory_mb)})
         second = None if other is None else open_checked(other)
         try:
             keys_b = keys_a if second is None else select_keys(
@@ -117,9 +187,10 @@ def compare(path: str | Path, other: str | Path | None = _Defaults.other,
             left = [f"a:{k}" for k in keys_a]
             right = left if second is None else [f"b:{k}" for k in keys_b]
             notes: dict = {"device": str(torch_device), "memory_mb": float(memory_mb)}
+            intervals = {}
             if metric == "rsa":
-                values, rows = _rsa(reader, left, right, pairing, rdm_samples, seed, budget,
-                                    rdms, fa, second, notes)
+                values, rows, intervals = _rsa(reader, left, right, pairing, rdm_samples, seed,
+                                               budget, rdms, fa, second, notes, int(bootstrap))
             else:
                 values = cka_matrix(reader, left, right, debiased=metric == "cka_debiased",
                                     budget=budget, accumulate=accumulate)
@@ -129,7 +200,8 @@ def compare(path: str | Path, other: str | Path | None = _Defaults.other,
                 second.close()
     result = Similarity(metric, Path(path), None if other is None else Path(other), keys_a,
                         keys_b, {(a[2:], b[2:]): v for (a, b), v in values.items()},
-                        pairing.samples, rows, notes)
+                        pairing.samples, rows, notes,
+                        {(a[2:], b[2:]): v for (a, b), v in intervals.items()})
     log.info("%s of %d x %d keys over %d %s", metric, len(keys_a), len(keys_b), rows,
              "token rows" if pairing.per_token else "samples")
     return result
@@ -147,7 +219,7 @@ def _reader(fa: FeatureFile, keys_a: list[str], fb: FeatureFile | None, keys_b: 
 
 def _rsa(reader: AlignedRows, left: list[str], right: list[str], pairing: Pairing,
          rdm_samples: int | None, seed: int, budget: int, rdms: str | Path | None,
-         fa: FeatureFile, fb: FeatureFile | None, notes: dict):
+         fa: FeatureFile, fb: FeatureFile | None, notes: dict, bootstrap: int = 0):
     positions = subset(reader.num_rows, rdm_samples, seed)
     if len(positions) < 3:
         raise ConfigError(f"rsa needs at least 3 samples shared by both sides, and there are "
@@ -159,6 +231,12 @@ def _rsa(reader: AlignedRows, left: list[str], right: list[str], pairing: Pairin
     sub = reader.subset(positions)
     n = len(positions)
     triangle = 8 * n * (n - 1) // 2
+    names = list(dict.fromkeys([*left, *right]))
+    if bootstrap and 8 * n * n * len(names) + 4 * triangle > budget:
+        need = (8 * n * n * len(names) + 4 * triangle) / (1 << 20)
+        raise ConfigError(f"bootstrap holds the {len(names)} RDMs of {n} samples at once, about "
+                          f"{need:.2g} MiB, more than memory_mb={notes['memory_mb']:g}; lower "
+                          "rdm_samples or raise memory_mb")
     if 8 * n * n + 4 * triangle > budget:
         need = (8 * n * n + 4 * triangle) / (1 << 20)
         raise ConfigError(f"an RDM of {n} samples needs about {need:.2g} MiB, more than "
@@ -169,10 +247,13 @@ def _rsa(reader: AlignedRows, left: list[str], right: list[str], pairing: Pairin
     cache: OrderedDict = OrderedDict()
     room = max(2, (budget - 8 * n * n) // max(1, triangle))
     writer = _RdmWriter(rdms, fa, fb, pairing.index[positions], sub.rows) if rdms else None
+    kept: dict = {}  # bootstrap: every RDM, (1, N, N)
 
     def ranks_of(name: str):
         if name not in cache:
-            matrix = rdm(sub, name, budget)
+            matrix = model_rdm(sub, name, budget)
+            if bootstrap:
+                kept[name] = matrix[None]
             if writer is not None:
                 writer.add(name, matrix)
             cache[name] = upper_ranks(matrix)
@@ -188,7 +269,71 @@ def _rsa(reader: AlignedRows, left: list[str], right: list[str], pairing: Pairin
         if writer is not None:
             notes["rdms"] = str(writer.close())
     notes["rdm_samples"] = n
-    return values, n
+    intervals = {}
+    if bootstrap:
+        log.info("rsa: %d bootstrap samples of the %d stimuli (seed=%d)", bootstrap, n, seed)
+        intervals = bootstrap_intervals(kept, kept, [(a, b) for a in left for b in right],
+                                        bootstrap, seed)
+    return values, n, intervals
+
+
+def _brain_rsa(fa: FeatureFile, keys: list[str], brain: BrainRDMs, rdm_samples: int | None,
+               seed: int, budget: int, bootstrap: int, device, rdms: str | Path | None,
+               notes: dict) -> Similarity:
+    # RSA of every key of the file against the brain's RDMs, on the stimuli both hold
+    if pair_rows(fa, keys).per_token:
+        raise ConfigError("rdm= and responses= hold one row per stimulus, and these keys hold "
+                          "rows per token; store the layers with tokens=mean or tokens=last")
+    rows, stimuli = match_index(fa.index, brain.index)
+    if len(rows) < 3:
+        raise DataError(f"the file and {brain.name} share {len(rows)} samples: the file's "
+                        f"/index holds {len(fa.index)} samples, the brain's stimuli "
+                        f"{len(brain.index)}; RSA needs at least 3 (index= maps the stimuli "
+                        "to dataset samples)")
+    positions = _subset_or_all(len(rows), rdm_samples, seed)
+    rows, stimuli = rows[positions], stimuli[positions]
+    n = len(rows)
+    log.info("rsa against %s: %d stimuli matched by /index, %d subject(s)", brain.name, n,
+             brain.subjects)
+    if 8 * n * n * (2 + brain.subjects + (len(keys) if bootstrap else 0)) > budget:
+        raise ConfigError(f"the RDMs of {n} stimuli need more than memory_mb="
+                          f"{notes['memory_mb']:g}; lower rdm_samples or raise memory_mb")
+    pick = torch.from_numpy(stimuli)
+    target = torch.from_numpy(brain.matrices).to(device)[:, pick][:, :, pick]
+    target_upper = upper(target)
+    names = [f"a:{k}" for k in keys]
+    reader = AlignedRows({name: (fa, k) for name, k in zip(names, keys, strict=True)},
+                         dict.fromkeys(names, rows), device)
+    writer = _RdmWriter(rdms, fa, None, fa.index[rows], reader.rows) if rdms else None
+    values, kept = {}, {}
+    try:
+        for name in names:
+            matrix = model_rdm(reader, name, budget)
+            if writer is not None:
+                writer.add(name, matrix)
+            values[(name[2:], brain.name)] = spearman_mean(upper(matrix), target_upper)
+            if bootstrap:
+                kept[name[2:]] = matrix[None]
+    finally:
+        if writer is not None:
+            notes["rdms"] = str(writer.close())
+    ceiling = noise_ceiling(target_upper) if brain.subjects > 1 else None
+    intervals = {}
+    if bootstrap:
+        log.info("rsa: %d bootstrap samples of the %d stimuli (seed=%d)", bootstrap, n, seed)
+        intervals = bootstrap_intervals(kept, {brain.name: target},
+                                        [(k, brain.name) for k in keys], bootstrap, seed)
+    notes.update(rdm_samples=n, subjects=brain.subjects)
+    return Similarity("rsa", fa.path, None, keys, [brain.name], values, n, n, notes,
+                      intervals, ceiling)
+
+
+def _subset_or_all(count: int, rdm_samples: int | None, seed: int) -> np.ndarray:
+    positions = subset(count, rdm_samples, seed)
+    if len(positions) < count:
+        log.info("rsa: RDMs of %d of the %d matched stimuli, drawn with seed=%d "
+                 "(rdm_samples=%d)", len(positions), count, seed, rdm_samples)
+    return positions
 
 
 class _RdmWriter:
@@ -236,7 +381,7 @@ def write_similarity(result: Similarity, out_dir: str | Path) -> Path:
         OutputError: ``out_dir`` cannot be written.
     """
     with writing(out_dir) as out:
-        return write_csv(out / "similarity.csv", COLUMNS, result.table())
+        return write_csv(out / "similarity.csv", result.columns(), result.table())
 
 
 def format_table(result: Similarity) -> str:

@@ -18,8 +18,19 @@ class CompareConfig:
     keys: list[str] | None = None
     # the same for `other`; null: the names of `keys` (every stored dataset when keys is null)
     other_keys: list[str] | None = None
-    # cka (linear CKA), cka_debiased (the unbiased HSIC estimator) or rsa (RDMs, Spearman)
-    metric: str = "cka"
+    # cka (linear CKA), cka_debiased (the unbiased HSIC estimator) or rsa (RDMs, Spearman);
+    # null: rsa against rdm= or responses=, else cka
+    metric: str | None = None
+    # instead of `other`, a brain: its RDMs, a .npy or F.h5:name of (N, N), (S, N, N) for S
+    # subjects (gives the noise ceiling), or condensed (N(N-1)/2,) or (S, N(N-1)/2)
+    rdm: str | None = None
+    # instead of `rdm`, the responses to make them from: (N, F) or (S, N, F), 1 - Pearson r
+    responses: str | None = None
+    # the dataset sample of each of the brain's N stimuli (a .npy of N integers); null: dataset
+    # order, stimulus i is sample i
+    index: str | None = None
+    # rsa: draw the stimuli this many times (seeded) for a 95% interval of every value
+    bootstrap: int = 0
     # where similarity.csv, the heatmap and the RDMs go; null: <file's folder>/<file stem>_compare
     out_dir: str | None = None
     # rsa: an RDM is N x N, so it is made of at most this many samples (a seeded subset)
