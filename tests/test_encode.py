@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import torch
 import probe
 from probe.analyses.encode import encode
 from probe.analyses.encode.projection import SparseProjection
+from probe.errors import ConfigError
 from tests.conftest import REPO, TINY_NET, cli, compose_cfg, compose_command, error_line
 from tests.test_compare import write_probe_file
 
@@ -77,7 +79,7 @@ def test_the_layer_the_targets_came_from_scores_best_and_noise_near_zero(layered
     for name, r in results.items():
         assert abs(r["r"][~signal].mean()) < 0.06, (name, r["r"][~signal])
         assert r["score"] == pytest.approx(r["r"].mean()) and r["fold_r"].shape == (5, 26)
-        assert r["solver"] == "himalaya"
+        assert r["solver"] == "streamed"  # fewer features than training rows: XᵀX is smaller
     # the wide layer holds the middle one among noise features, seen through 64 projections
     assert results["wide"]["features"] == 64 and results["wide"]["input_features"] == 324
     assert 0.3 < scores["wide"] < scores["middle"]  # seen, blurred by the noise features
@@ -98,6 +100,35 @@ def test_streamed_sums_give_himalayas_numbers(layered, memory_mb):
         assert a["score"] == pytest.approx(b["score"], rel=1e-8)
     # the alphas were chosen per target, not one for all: signal and noise want others
     assert len(np.unique(ours[1]["alpha"])) > 1
+
+
+@pytest.mark.parametrize("memory_mb", [64, 2])
+def test_the_kernel_form_gives_the_streamed_and_himalaya_numbers(layered, memory_mb, caplog):
+    # "wide" has 324 features and 192 training rows per outer fold: auto takes the kernel
+    # form, whose eigendecompositions are of the rows' size; 2 MiB: its Gram in panels
+    with caplog.at_level(logging.INFO, logger="probe.analyses.encode"):
+        kernel = encode(layered["file"], layered["targets"], ["wide", "middle"],
+                        memory_mb=memory_mb)
+    assert [r["solver"] for r in kernel] == ["kernel", "streamed"]
+    assert "wide/output: solver=kernel (324 features > 192 training rows" in caplog.text
+    assert "middle/output: solver=streamed (24 features <= 192 training rows)" in caplog.text
+    streamed = encode(layered["file"], layered["targets"], ["wide"], solver="streamed")[0]
+    theirs = encode(layered["file"], layered["targets"], ["wide"], solver="himalaya")[0]
+    for other in (streamed, theirs):
+        np.testing.assert_allclose(kernel[0]["fold_r"], other["fold_r"], rtol=1e-7, atol=1e-9)
+        np.testing.assert_array_equal(kernel[0]["alpha"], other["alpha"])
+    assert kernel[0]["features"] == 324 and "projection" not in kernel[0]
+
+
+def test_solvers_that_would_outgrow_memory_mb_are_refused(layered):
+    with pytest.raises(ConfigError, match="solver=kernel holds a 240 x 240 Gram matrix"):
+        encode(layered["file"], layered["targets"], ["wide"], solver="kernel", memory_mb=0.5)
+    with pytest.raises(ConfigError, match="solver=himalaya holds wide/output's rows"):
+        encode(layered["file"], layered["targets"], ["wide"], solver="himalaya", memory_mb=0.5)
+    # auto falls back to the streamed sums when the Gram matrix does not fit, and says what
+    # those need
+    with pytest.raises(ConfigError, match="streamed ridge of wide/output .* raise memory_mb"):
+        encode(layered["file"], layered["targets"], ["wide"], memory_mb=0.9)
 
 
 def test_alpha_is_chosen_from_the_grid_given(layered):
@@ -170,7 +201,7 @@ def test_the_command_writes_the_csv_the_scores_and_the_plot(layered, tmp_path, c
             r = f[f"r/{row['key']}"]
             assert r.shape == (26,) and float(row["score"]) == pytest.approx(r[:].mean())
             assert f[f"alpha/{row['key']}"].shape == f[f"fold_r/{row['key']}"].shape == (4, 26)
-            assert r.attrs["solver"] == "himalaya"
+            assert r.attrs["solver"] == "streamed"
         assert f.attrs["folds"] == 4 and len(f.attrs["alphas"]) == 10
     assert (tmp_path / "out" / "encoding.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -193,9 +224,9 @@ def test_every_user_error_is_one_line_and_exit_1(layered, tmp_path, capsys):
         "folds=2 must be at least 3": [f"file={file}", f"targets={targets}", "folds=2"],
         "must be one or more positive penalties": [f"file={file}", f"targets={targets}",
                                                    "alphas=[0,1]"],
-        "solver='ridge': use auto, himalaya or streamed": [f"file={file}",
-                                                           f"targets={targets}",
-                                                           "solver=ridge"],
+        "solver='ridge': use auto, streamed, kernel or himalaya": [f"file={file}",
+                                                                   f"targets={targets}",
+                                                                   "solver=ridge"],
         "max_features=0 must be at least 1": [f"file={file}", f"targets={targets}",
                                               "max_features=0"],
         "does not exist; pass a .npy file": [f"file={file}", f"targets={tmp_path}/no.npy"],
@@ -236,7 +267,7 @@ def test_missing_cuda_is_an_error(layered):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("solver", ["himalaya", "streamed"])
+@pytest.mark.parametrize("solver", ["himalaya", "streamed", "kernel"])
 def test_cuda_gives_the_cpu_numbers(layered, solver):
     on_cpu = encode(layered["file"], layered["targets"], max_features=64, solver=solver)
     on_gpu = encode(layered["file"], layered["targets"], max_features=64, solver=solver,

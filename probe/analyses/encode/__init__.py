@@ -8,10 +8,13 @@ every column of a target array (brain or behavioural responses, one row per data
 Row i of the targets belongs to dataset sample i: each row of the file is paired with the
 targets' row ``/index[row]``. ``score`` is the mean over the target columns of the held-out
 Pearson r (each column's r averaged over the outer folds). The scheme is in
-probe.analyses.encode.ridge; where a key's rows fit in ``memory_mb`` it is solved by himalaya,
-otherwise from sums streamed over blocks of rows. Rows wider than ``max_features`` are first
-reduced by a seeded sparse random projection (probe.analyses.encode.projection), recorded in
-scores.h5.
+probe.analyses.encode.ridge. ``solver=auto`` solves it exactly, with one eigendecomposition per
+training set for every alpha and target: from sums streamed over blocks of rows (XᵀX, features
+x features) where a key has fewer features than training rows, else in the kernel form
+(probe.analyses.encode.kernel: the rows' Gram matrix, rows x rows) where that fits in
+``memory_mb``; ``solver=himalaya`` runs himalaya's RidgeCV on the same folds. Rows wider
+than ``max_features`` are first reduced by a seeded sparse random projection
+(probe.analyses.encode.projection), recorded in scores.h5.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 
 from probe.analyses.encode.config import ALPHAS
 from probe.analyses.encode.config import EncodeConfig as _Defaults
+from probe.analyses.encode.kernel import kernel_bytes, solve_kernel
 from probe.analyses.encode.projection import SparseProjection
 from probe.analyses.encode.ridge import (
     FoldAccumulator,
@@ -47,7 +51,7 @@ __all__ = ["encode", "write_results", "format_table", "default_out_dir", "COLUMN
 log = logging.getLogger(__name__)
 
 COLUMNS = ("key", "score")
-SOLVERS = ("auto", "himalaya", "streamed")
+SOLVERS = ("auto", "himalaya", "streamed", "kernel")
 
 
 def encode(path: str | Path, targets: str | Path, keys: list[str] | None = _Defaults.keys, *,
@@ -86,7 +90,7 @@ def encode(path: str | Path, targets: str | Path, keys: list[str] | None = _Defa
     """
     alphas = _checked_alphas(ALPHAS if alphas is None else alphas)
     if solver not in SOLVERS:
-        raise ConfigError(f"solver={solver!r}: use auto, himalaya or streamed")
+        raise ConfigError(f"solver={solver!r}: use auto, streamed, kernel or himalaya")
     if int(max_features) < 1:
         raise ConfigError(f"max_features={max_features} must be at least 1")
     if solver == "himalaya" and not have_himalaya():
@@ -132,9 +136,17 @@ def _encode_key(f: FeatureFile, key: str, target: Targets, fold_of: np.ndarray,
                   if width > max_features else None)
     features = projection.components if projection else width
     n, columns = f.num_rows, target.num_columns
-    in_memory = himalaya_bytes(n, features, columns, int(fold_of.max()) + 1) <= budget and \
-        have_himalaya()
-    use = solver if solver != "auto" else ("himalaya" if in_memory else "streamed")
+    k = int(fold_of.max()) + 1
+    use = solver if solver != "auto" else _auto(key, n, features, columns, k, budget)
+    if use == "himalaya" and himalaya_bytes(n, features, columns, k) > budget:
+        need = himalaya_bytes(n, features, columns, k) / (1 << 20)
+        raise ConfigError(f"solver=himalaya holds {key}'s rows in memory, about {need:.0f} MiB, "
+                          f"more than memory_mb allows; use solver=auto or raise memory_mb")
+    if use == "kernel" and kernel_bytes(n, columns, k) > budget:
+        need = kernel_bytes(n, columns, k) / (1 << 20)
+        raise ConfigError(f"solver=kernel holds a {n} x {n} Gram matrix, about {need:.0f} MiB "
+                          "with its fits, more than memory_mb allows; use solver=auto or "
+                          "streamed, or raise memory_mb")
     index = f.index
     # blocks of raw rows, their float64 copy and projection, and the targets' rows
     row_bytes = 16 * width + 8 * features + 16 * columns
@@ -144,6 +156,11 @@ def _encode_key(f: FeatureFile, key: str, target: Targets, fold_of: np.ndarray,
                        for a, b in blocks_of(n, rows)])
         r, chosen = solve_in_memory(x, target.rows(index), fold_of, alphas)
         del x
+    elif use == "kernel":
+        gram = _gram(reader, key, projection, budget - kernel_bytes(n, columns, k), features)
+        y = torch.from_numpy(target.rows(index)).to(device=gram.device, dtype=torch.float64)
+        r, chosen = solve_kernel(gram, y, fold_of, alphas)
+        del gram
     else:
         r, chosen = _streamed(reader, key, target, index, fold_of, alphas, projection,
                               features, budget, rows)
@@ -152,6 +169,43 @@ def _encode_key(f: FeatureFile, key: str, target: Targets, fold_of: np.ndarray,
     if projection is not None:
         found.update(projection.describe())
     return found
+
+
+def _auto(key: str, rows: int, features: int, columns: int, folds: int, budget: int) -> str:
+    # both exact solvers diagonalise one matrix per training set (folds (folds + 1) / 2 of
+    # them): features x features for the streamed sums, training rows x training rows for
+    # the kernel form; the smaller one wins, where the Gram matrix fits
+    train = rows - rows // folds
+    if features <= train:
+        why = f"{features} features <= {train} training rows"
+        use = "streamed"
+    elif kernel_bytes(rows, columns, folds) <= budget:
+        why = f"{features} features > {train} training rows, and the Gram matrix fits"
+        use = "kernel"
+    else:
+        why = (f"{features} features > {train} training rows, but a {rows} x {rows} Gram "
+               "matrix does not fit in memory_mb")
+        use = "streamed"
+    log.info("%s: solver=%s (%s)", key, use, why)
+    return use
+
+
+def _gram(reader: AlignedRows, key: str, projection, budget: int, features: int
+          ) -> torch.Tensor:
+    # X Xᵀ of the (projected) rows, panel by panel: a panel's rows against every later block
+    n = reader.num_rows
+    rows = max(1, min(n, int(max(budget, 1 << 20) // (2 * (16 * reader.width(key)
+                                                           + 8 * features)))))
+    spans = list(blocks_of(n, rows))
+    gram = torch.empty(n, n, dtype=torch.float64, device=reader.device)
+    for i, (p0, p1) in enumerate(spans):
+        panel = _projected(reader, key, p0, p1, projection)
+        for b0, b1 in spans[i:]:
+            block = panel if b0 == p0 else _projected(reader, key, b0, b1, projection)
+            product = panel @ block.T
+            gram[p0:p1, b0:b1] = product
+            gram[b0:b1, p0:p1] = product.T
+    return gram
 
 
 def _projected(reader: AlignedRows, key: str, start: int, stop: int,

@@ -34,7 +34,8 @@ class EncodeConfig:
     device: str = "cpu"
     # MiB for the rows and sums held at once; decides whether a key's rows are loaded
     memory_mb: float = 2048
-    # auto (himalaya when the rows fit in memory_mb, else streamed) | himalaya | streamed
+    # auto (exact, by cost: streamed sums when features <= training rows, else the kernel
+    # form where its rows x rows Gram matrix fits) | streamed | kernel | himalaya (RidgeCV)
     solver: str = "auto"
     # also draw encoding.png (needs matplotlib)
     plot: bool = True

@@ -27,6 +27,7 @@ import torch
 from probe.errors import ConfigError
 
 __all__ = ["deal_folds", "FoldSums", "FoldAccumulator", "solve_streamed", "solve_in_memory",
+           "symmetric_eigh",
            "pearson_columns", "have_himalaya", "himalaya_bytes", "check_folds", "stats_bytes"]
 
 
@@ -101,11 +102,11 @@ def _fit(folds: list[FoldSums], excluded: set[int]) -> _Fit:
     mx, my = sx / n, sy / n
     cxx = sum(s.xx for s in parts) - n * torch.outer(mx, mx)
     cxy = sum(s.xy for s in parts) - n * torch.outer(mx, my)
-    lam, q = _eigh(cxx)
+    lam, q = symmetric_eigh(cxx)
     return _Fit(mx, my, lam.clamp_min(0), q, q.T @ cxy)
 
 
-def _eigh(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def symmetric_eigh(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # on the CPU, numpy's LAPACK call is several times faster than torch's (0.15 s against
     # 0.6 s for 1000 x 1000 here), and this is the solver's largest cost
     if matrix.device.type == "cpu":
