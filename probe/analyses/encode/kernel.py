@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from probe.analyses.encode.ridge import symmetric_eigh
+from probe.analyses.encode.ridge import pearson_columns, symmetric_eigh
 
 __all__ = ["solve_kernel", "kernel_bytes"]
 
@@ -80,19 +80,12 @@ def solve_kernel(gram: torch.Tensor, y: torch.Tensor, fold_of: np.ndarray,
                     scores[outer, i] -= (error * error).mean(0)
             del fit
     chosen = (scores / (k - 1) + 1e-10 * torch.log(grid)[None, :, None]).argmax(1)
-    r = torch.zeros(k, y.shape[1], dtype=torch.float64, device=device)
+    r = np.zeros((k, y.shape[1]))
     for f in range(k):
         fit = _KernelFit(gram, y, rows_but({f}))
         prediction = fit.predict(fit.basis(members[f]), grid[chosen[f]][None, :])
-        r[f] = _pearson(prediction, y[members[f]])
-    return r.cpu().numpy(), grid[chosen].cpu().numpy()
-
-
-def _pearson(u: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    u, c = u - u.mean(0), c - c.mean(0)
-    variance = (u * u).sum(0) * (c * c).sum(0)
-    return torch.where(variance > 0, (u * c).sum(0) / variance.clamp_min(1e-300).sqrt(),
-                       torch.zeros_like(variance))
+        r[f] = pearson_columns(prediction.cpu().numpy(), y[members[f]].cpu().numpy())
+    return r, grid[chosen].cpu().numpy()
 
 
 def kernel_bytes(rows: int, columns: int, folds: int) -> int:
