@@ -26,6 +26,10 @@ CRASH = REPO / "tests" / "crash"
 IMAGES = [*TINY_NET, "layers=[features.0,fc]", "dataset.image_size=32",
           "dataset.num_samples=40", "batch_size=4", "output.commit_every=1"]
 IMAGE_KEYS = ["index", "target", "features.0/output", "fc/output"]
+# a folder of pictures: the run stores each row's file name, a variable-length string
+FOLDER = [*TINY_NET, "layers=[features.0,fc]", "dataset=imagefolder", "dataset.image_size=32",
+          "batch_size=4", "output.commit_every=1"]
+FOLDER_KEYS = [*IMAGE_KEYS, "file"]
 GRADIENTS = ["hooks=[forward,backward]", "objective=nll"]
 TEXT_KEYS = ["index", "offsets", "input_ids", "positions", "transformer.h.0/output",
              "transformer.h.1/grad_output"]
@@ -90,13 +94,23 @@ def text_run(tiny_lm, tmp_path):
     return _text_run(tiny_lm, _corpus(tmp_path))
 
 
+def _folder(directory) -> str:
+    from tests.tiny_vision import pictures
+
+    pictures(directory, sizes=[(40, 30), (64, 80), (33, 33)] * 8)
+    return f"dataset.root={directory}"
+
+
 def test_images_survive_a_kill_or_a_full_disk_at_any_write(shim, tmp_path):
-    # one driver process for the three (one import of torch for all)
-    none, gzip, full = _drive(shim, tmp_path, [
+    # one driver process for them all (one import of torch); the folder run's points include
+    # kills between a batch's strings and their heap, which once broke every rerun
+    root = _folder(tmp_path / "pictures")
+    none, gzip, full, folder = _drive(shim, tmp_path, [
         _spec([*IMAGES, "output.compression=none"], IMAGE_KEYS, 8),
         _spec([*IMAGES, "output.compression=gzip"], IMAGE_KEYS, 8),
-        _spec(IMAGES, IMAGE_KEYS, 5, mode="enospc")])
-    for result, points in ((none, 8), (gzip, 8), (full, 5)):
+        _spec(IMAGES, IMAGE_KEYS, 5, mode="enospc"),
+        _spec([*FOLDER, root], FOLDER_KEYS, 12)])
+    for result, points in ((none, 8), (gzip, 8), (full, 5), (folder, 12)):
         _check(result, points)
     # creation, every commit, the finish and the rename: a run of 10 batches writes often
     assert none["writes"] > 40 and gzip["writes"] > 40
@@ -114,6 +128,11 @@ def test_text_gradients_survive_a_kill_at_any_write(shim, tmp_path, text_run):
 def test_images_survive_a_kill_at_every_write(shim, tmp_path, compression, mode):
     _kill_everywhere(shim, tmp_path, [*IMAGES, f"output.compression={compression}"],
                      IMAGE_KEYS, mode=mode)
+
+
+@pytest.mark.slow
+def test_a_folder_of_pictures_survives_a_kill_at_every_write(shim, tmp_path):
+    _kill_everywhere(shim, tmp_path, [*FOLDER, _folder(tmp_path / "pictures")], FOLDER_KEYS)
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import h5py
 import numpy as np
@@ -112,4 +113,43 @@ def test_committed_rows_are_never_written_again(tmp_path, compression):
         assert stop - store.num_committed < dataset.chunks[0] + batch  # durable soon after
     store.finish()
     with probe.open(tmp_path / "f.h5") as f:
+        np.testing.assert_array_equal(f["x/output"][:], values.numpy())
+
+
+def test_strings_written_after_the_last_commit_do_not_break_the_resume(tmp_path):
+    # A kill after a batch's strings reached their chunk but before the heap that holds them
+    # (or the dataset's new extent) did: the resumed run writes over those rows, and HDF5 frees
+    # the values it replaces, so a dangling reference there failed every rerun (bad heap index).
+    path, rows = tmp_path / "f.h5", 12
+    names = np.array([f"class{i % 2}/{i}.png" for i in range(rows)], dtype=object)
+    specs = {"file": DatasetSpec((), "str", compressible=False),
+             "x/output": DatasetSpec((3,), "float32")}
+    values = torch.randn(rows, 3)
+
+    def open_store(resume_from=0):
+        return Store(path, config_yaml="{}", num_rows=rows, has_target=False, datasets=specs,
+                     resume_from=resume_from)
+
+    def append(store, start, stop):
+        store.append(torch.arange(start, stop), None,
+                     {"file": names[start:stop], "x/output": values[start:stop]})
+
+    store = open_store()
+    append(store, 0, 4)
+    store.commit()
+    store.close()
+    child = os.fork()
+    if child == 0:  # resumes, writes four rows, dies before any flush
+        store = open_store(resume_from=4)
+        append(store, 4, 8)
+        os._exit(0)
+    assert os.waitpid(child, 0)[1] == 0
+    with h5py.File(path.with_name("f.h5.partial"), "r", swmr=True) as f:  # the kill's trace
+        _, raw = f["file"].id.read_direct_chunk((0,))
+        assert len(f["file"]) == 4 and any(raw[4 * 16:8 * 16]), "no dangling reference left"
+    store = open_store(resume_from=4)
+    append(store, 4, rows)
+    store.finish()
+    with probe.open(path) as f:
+        assert [name.decode() for name in f["file"][:]] == list(names)
         np.testing.assert_array_equal(f["x/output"][:], values.numpy())

@@ -234,7 +234,10 @@ class Store:
                 dataset.resize(skipped, axis=0)
             else:
                 per_position = dataset.attrs.get(Attr.ROWS) == ROWS_PER_POSITION
-                dataset.resize(int(self._bounds[-1]) if per_position else rows, axis=0)
+                keep = int(self._bounds[-1]) if per_position else rows
+                if h5py.check_vlen_dtype(dataset.dtype) is not None:
+                    _clear_past(dataset, keep)
+                dataset.resize(keep, axis=0)
 
     @property
     def _bounds(self) -> np.ndarray:
@@ -401,6 +404,23 @@ def as_array(value: torch.Tensor | np.ndarray) -> np.ndarray:
     if value.dtype == torch.bfloat16:  # stored as its raw bits: numpy has no bfloat16
         return value.view(torch.int16).numpy().view(np.uint16)
     return value.numpy()
+
+
+def _clear_past(dataset: h5py.Dataset, rows: int) -> None:
+    """Null every variable-length value that a chunk holds past row ``rows``.
+
+    Writing a variable-length value frees the heap object of the value it replaces, read from
+    the chunk. A kill after a chunk went to disk but before the dataset's extent or the heap
+    did leaves, past the extent, references to heap objects that were never written (or that a
+    later insert reuses): the resumed run's first write there would fail ("bad heap index") or
+    free another row's string. Grown over every chunk stored and shrunk back, the extent makes
+    HDF5 fill what lies past it with the fill value, the null reference."""
+    ids = dataset.id
+    end = max((ids.get_chunk_info(i).chunk_offset[0] + dataset.chunks[0]
+               for i in range(ids.get_num_chunks())), default=0)
+    if end > rows:
+        dataset.resize(end, axis=0)
+        dataset.resize(rows, axis=0)
 
 
 def _append_rows(dataset: h5py.Dataset, start: int, stop: int, array: np.ndarray) -> None:
