@@ -24,15 +24,18 @@ def _encode(cfg: DictConfig) -> None:
     from probe.analyses.tables import check_writable
 
     file = required(cfg.file, "file")
-    targets = required(cfg.targets, "targets", "T.npy (one row per dataset sample) or "
-                                               "targets=T.h5:NAME")
+    targets = cfg.targets if cfg.repeats is not None else required(
+        cfg.targets, "targets", "T.npy (one row per dataset sample) or targets=T.h5:NAME, or "
+                                "repeats=R.npy to predict their mean")
     out_dir = check_writable(cfg.out_dir or default_out_dir(file))
     alphas = [float(a) for a in cfg.alphas]
     results = encode(file, targets, cfg["keys"], folds=cfg.folds, alphas=alphas,
                      max_features=cfg.max_features, seed=cfg.seed, device=cfg.device,
-                     memory_mb=cfg.memory_mb, solver=cfg.solver)
-    written = write_results(results, out_dir, file=file, targets=targets, folds=cfg.folds,
-                            alphas=alphas, seed=cfg.seed)
+                     memory_mb=cfg.memory_mb, solver=cfg.solver,
+                     delays=None if cfg.delays is None else list(cfg.delays), tr=cfg.tr,
+                     onsets=cfg.onsets, repeats=cfg.repeats)
+    written = write_results(results, out_dir, file=file, targets=targets or cfg.repeats,
+                            folds=cfg.folds, alphas=alphas, seed=cfg.seed)
     if cfg.plot and can_plot("encoding.png"):
         written.append(plot_encoding(results, out_dir / "encoding.png",
                                      title=f"{Path(file).name}: {targets}"))

@@ -20,14 +20,25 @@ than ``max_features`` are first reduced by a seeded sparse random projection
 from __future__ import annotations
 
 import logging
+from contextlib import ExitStack
 from pathlib import Path
 
 import h5py
 import numpy as np
 import torch
 
+from probe.analyses.encode.ceiling import Repeats, normalised, open_repeats
 from probe.analyses.encode.config import ALPHAS
 from probe.analyses.encode.config import EncodeConfig as _Defaults
+from probe.analyses.encode.design import (
+    Delayed,
+    Design,
+    FileRows,
+    TRBins,
+    check_time_series,
+    checked_delays,
+    row_times,
+)
 from probe.analyses.encode.kernel import kernel_bytes, solve_kernel
 from probe.analyses.encode.projection import SparseProjection
 from probe.analyses.encode.ridge import (
@@ -41,7 +52,13 @@ from probe.analyses.encode.ridge import (
     stats_bytes,
 )
 from probe.analyses.encode.targets import Targets, open_targets
-from probe.analyses.stats import AlignedRows, analysis_device, blocks_of, budget_bytes, select_keys
+from probe.analyses.stats import (
+    analysis_device,
+    blocks_of,
+    budget_bytes,
+    row_width,
+    select_keys,
+)
 from probe.analyses.tables import aligned, beside, write_csv, writing
 from probe.errors import ConfigError
 from probe.file.read import FeatureFile, open_checked
@@ -54,18 +71,21 @@ COLUMNS = ("key", "score")
 SOLVERS = ("auto", "himalaya", "streamed", "kernel")
 
 
-def encode(path: str | Path, targets: str | Path, keys: list[str] | None = _Defaults.keys, *,
-           folds: int = _Defaults.folds, alphas: list[float] | None = None,
+def encode(path: str | Path, targets: str | Path | None, keys: list[str] | None =
+           _Defaults.keys, *, folds: int = _Defaults.folds, alphas: list[float] | None = None,
            max_features: int = _Defaults.max_features, seed: int = _Defaults.seed,
            device: str = _Defaults.device, memory_mb: float = _Defaults.memory_mb,
-           solver: str = _Defaults.solver) -> list[dict]:
+           solver: str = _Defaults.solver, delays: list[int] | None = None,
+           tr: float | None = None, onsets: str | Path | None = None,
+           repeats: str | Path | None = None) -> list[dict]:
     """Fit and test a cross-validated ridge encoding model per stored key.
 
     The defaults are those of ``python -m probe.encode`` (probe.analyses.encode.config).
 
     Args:
         path: a finished probe file with one row per sample.
-        targets: ``T.npy`` (N, V) or ``T.h5:name``; row i belongs to dataset sample i.
+        targets: ``T.npy`` (N, V) or ``T.h5:name``; row i belongs to dataset sample i (or,
+            with ``tr``, to TR i). None with ``repeats``: their mean.
         keys: "<layer>/<kind>"s or "<layer>"s; None for every stored dataset.
         folds: outer folds (at least 3; the inner search uses the others).
         alphas: the penalties to choose from per target; None for
@@ -74,19 +94,27 @@ def encode(path: str | Path, targets: str | Path, keys: list[str] | None = _Defa
         seed: deals the folds and draws the projection.
         device: where the ridge is solved (``cpu``, ``cuda``, ``auto``).
         memory_mb: MiB for the rows and sums held at once.
-        solver: ``auto`` (himalaya where the rows fit in memory_mb, else streamed),
-            ``himalaya`` or ``streamed``.
+        solver: ``auto`` (exact, the cheaper of the streamed sums and the kernel form),
+            ``streamed``, ``kernel`` or ``himalaya``.
+        delays: a finite impulse response: each row beside the rows that many rows (TRs)
+            before it; the rows are then a time series, and the folds contiguous runs of it.
+        tr, onsets: seconds per TR and ``O.npy``, each sample's onset in seconds (or each
+            stored row's): the rows are averaged into the targets' TRs (probe.analyses.encode
+            .design), and the folds are contiguous runs of TRs.
+        repeats: ``R.npy`` (R, N, V), repeated responses: each target's noise ceiling
+            (probe.analyses.encode.ceiling), and the scores normalised by it.
 
     Returns:
         One dict per key, in the model's order: ``key``, ``score``, ``r`` (V,) each column's
         r, ``fold_r`` and ``alpha`` (folds, V), and how it was solved (``solver``,
         ``features``, and the projection's ``input_features``, ``projection``, ... where one
-        was made).
+        was made); with ``repeats``, ``score_normalised``, ``r_normalised`` and
+        ``reliability`` too.
 
     Raises:
         ProbeError: the file or targets are missing or unfinished, a key is not in the file
-            or holds rows per token, the targets have another number of rows than the dataset
-            has samples; or a bad option (named, with what to use instead).
+            or holds rows per token (without ``tr``), the targets have another number of rows
+            than the dataset has samples; or a bad option (named, with what to use instead).
     """
     alphas = _checked_alphas(ALPHAS if alphas is None else alphas)
     if solver not in SOLVERS:
@@ -96,26 +124,48 @@ def encode(path: str | Path, targets: str | Path, keys: list[str] | None = _Defa
     if solver == "himalaya" and not have_himalaya():
         raise ConfigError("solver=himalaya needs himalaya: pip install 'probe[analysis]', or "
                           "use solver=streamed")
+    delays = None if delays is None else checked_delays(delays)
+    timing = _checked_timing(tr, onsets)
     budget = budget_bytes(memory_mb)
     torch_device = analysis_device(device)
-    with open_checked(path) as f, open_targets(targets) as target:
+    with ExitStack() as stack:
+        f = stack.enter_context(open_checked(path))
+        repeated = _opened_repeats(repeats, stack)
+        target = stack.enter_context(_opened_targets(targets, repeated, budget))
         selected = select_keys(f, keys)
-        token_rows = [key for key in selected if f.per_token(key)]
-        if token_rows:
-            raise ConfigError(
-                f"{', '.join(token_rows)} hold one row per token (tokens=all), and the targets "
-                "one row per sample; run probe with tokens=last or tokens=mean")
-        target.check_rows_of(f)
-        check_folds(folds, f.num_rows)
-        fold_of = deal_folds(f.num_rows, int(folds), int(seed))
+        if timing is None:
+            token_rows = [key for key in selected if f.per_token(key)]
+            if token_rows:
+                raise ConfigError(
+                    f"{', '.join(token_rows)} hold one row per token (tokens=all), and the "
+                    "targets one row per sample; run probe with tokens=last or tokens=mean, or "
+                    "place the rows in time with tr= and onsets=")
+            target.check_rows_of(f)
+        num_rows = target.num_rows if timing is not None else f.num_rows
+        check_folds(folds, num_rows)
+        series = timing is not None or delays is not None
+        fold_of = deal_folds(num_rows, int(folds), int(seed), contiguous=series)
+        if series:
+            log.info("the rows are a time series: %d folds of contiguous rows", int(folds))
+        reliability = None
         results = []
         for key in selected:
-            results.append(_encode_key(f, key, target, fold_of, alphas, int(max_features),
-                                       int(seed), torch_device, budget, solver))
-            log.info("%s: score %.3f (%s, %d features%s)", key, results[-1]["score"],
-                     results[-1]["solver"], results[-1]["features"],
-                     f", projected from {results[-1]['input_features']}"
-                     if "projection" in results[-1] else "")
+            design, projection = _design(f, key, target, int(max_features), int(seed),
+                                         torch_device, budget, delays, timing)
+            if repeated is not None and reliability is None:
+                reliability = repeated.reliability(design.index, budget)
+            found = _solve(key, design, target, fold_of, alphas, budget, solver)
+            if projection is not None:
+                found.update(projection.describe())
+            if reliability is not None:
+                found["reliability"] = reliability
+                found["r_normalised"] = normalised(found["r"], reliability)
+                found["score_normalised"] = _nanmean(found["r_normalised"])
+            results.append(found)
+            log.info("%s: score %.3f (%s, %d features%s)", key, found["score"],
+                     found["solver"], found["features"],
+                     f", projected from {found['input_features']}"
+                     if "projection" in found else "")
     return results
 
 
@@ -127,15 +177,95 @@ def _checked_alphas(alphas) -> list[float]:
     return sorted(set(values))
 
 
-def _encode_key(f: FeatureFile, key: str, target: Targets, fold_of: np.ndarray,
-                alphas: list[float], max_features: int, seed: int, device: torch.device,
-                budget: int, solver: str) -> dict:
-    reader = AlignedRows({key: (f, key)}, {key: np.arange(f.num_rows)}, device)
-    width = reader.width(key)
+def _checked_timing(tr, onsets) -> tuple[float, np.ndarray] | None:
+    if tr is None and onsets is None:
+        return None
+    if tr is None or onsets is None:
+        raise ConfigError("tr= and onsets= go together: tr=SECONDS (the targets' rows are TRs) "
+                          "and onsets=O.npy (each sample's onset in seconds)")
+    if not float(tr) > 0:
+        raise ConfigError(f"tr={tr} must be the seconds per TR, more than 0")
+    with open_targets(onsets, option="onsets") as opened:
+        if opened.num_columns != 1:
+            raise ConfigError(f"onsets={str(onsets)!r} has shape {tuple(opened.array.shape)}; "
+                              "give one onset in seconds per sample (or per stored row)")
+        values = np.asarray(opened.array, dtype=np.float64).reshape(-1)
+    return float(tr), values
+
+
+def _opened_repeats(repeats, stack: ExitStack) -> Repeats | None:
+    if repeats is None:
+        return None
+    opened = open_repeats(str(repeats))
+    stack.callback(opened.close)
+    return opened
+
+
+def _opened_targets(targets, repeated: Repeats | None, budget: int) -> Targets:
+    if targets is None:
+        if repeated is None:
+            raise ConfigError("targets= is required: T.npy (one row per dataset sample) or "
+                              "T.h5:NAME, or repeats=R.npy to predict their mean")
+        return Targets(f"the mean of repeats={repeated.spec!r}", repeated.mean(budget),
+                       option="repeats")
+    opened = open_targets(targets)
+    if repeated is not None:
+        try:
+            repeated.check_against(opened)
+        except BaseException:
+            opened.close()
+            raise
+    return opened
+
+
+def _nanmean(values: np.ndarray) -> float:
+    defined = values[np.isfinite(values)]
+    return float(defined.mean()) if len(defined) else float("nan")
+
+
+def _design(f: FeatureFile, key: str, target: Targets, max_features: int, seed: int,
+            device: torch.device, budget: int, delays: list[int] | None,
+            timing: tuple[float, np.ndarray] | None
+            ) -> tuple[Design, SparseProjection | None]:
+    # the rows the ridge reads for this key (probe.analyses.encode.design), and the
+    # projection they went through, if any
+    width = row_width(f[key])
     projection = (SparseProjection(width, max_features, seed, device)
                   if width > max_features else None)
-    features = projection.components if projection else width
-    n, columns = f.num_rows, target.num_columns
+    if timing is not None:
+        tr, onsets = timing
+        stored = int(f.offsets[-1]) if f.per_token(key) else f.num_rows
+        source = FileRows(f, key, np.arange(stored), device, projection)
+        times = row_times(f, key, onsets, "onsets")
+        design: Design = TRBins(source, _checked_times(key, times, tr, target.num_rows), tr,
+                                target.num_rows, budget)
+    else:
+        order = (check_time_series(f, key) if delays is not None
+                 else np.arange(f.num_rows))
+        design = FileRows(f, key, order, device, projection)
+    if delays is not None:
+        design = Delayed(design, delays)
+    return design, projection
+
+
+def _checked_times(key: str, times: np.ndarray, tr: float, num_trs: int) -> np.ndarray:
+    end = num_trs * tr
+    if len(times) and (times.min() < 0 or times.max() >= end):
+        bad = times.min() if times.min() < 0 else times.max()
+        raise ConfigError(f"a row of {key} lies at {bad:g} s, outside the recording: "
+                          f"{num_trs} TRs of tr={tr:g} s cover 0 to {end:g} s; check the "
+                          "onsets' units (seconds) and tr")
+    bins = np.floor(times / tr)
+    if len(times) > 1 and bins.min() == bins.max():
+        raise ConfigError(f"every row of {key} falls in one TR: tr={tr:g} s is longer than "
+                          f"the stimulus (its rows span {times.max() - times.min():g} s); give "
+                          "tr in seconds")
+    return times
+
+
+def _solve(key: str, design: Design, target: Targets, fold_of: np.ndarray,
+           alphas: list[float], budget: int, solver: str) -> dict:
+    n, features, columns = design.num_rows, design.features, target.num_columns
     k = int(fold_of.max()) + 1
     use = solver if solver != "auto" else _auto(key, n, features, columns, k, budget)
     if use == "himalaya" and himalaya_bytes(n, features, columns, k) > budget:
@@ -147,28 +277,22 @@ def _encode_key(f: FeatureFile, key: str, target: Targets, fold_of: np.ndarray,
         raise ConfigError(f"solver=kernel holds a {n} x {n} Gram matrix, about {need:.0f} MiB "
                           "with its fits, more than memory_mb allows; use solver=auto or "
                           "streamed, or raise memory_mb")
-    index = f.index
-    # blocks of raw rows, their float64 copy and projection, and the targets' rows
-    row_bytes = 16 * width + 8 * features + 16 * columns
-    rows = max(1, (budget // 2) // row_bytes)
+    # blocks of rows as read, and the targets' rows
+    rows = max(1, (budget // 2) // (design.row_bytes + 16 * columns))
     if use == "himalaya":
-        x = torch.cat([_projected(reader, key, a, b, projection)
-                       for a, b in blocks_of(n, rows)])
-        r, chosen = solve_in_memory(x, target.rows(index), fold_of, alphas)
+        x = torch.cat([design.read(a, b) for a, b in blocks_of(n, rows)])
+        r, chosen = solve_in_memory(x, target.rows(design.index), fold_of, alphas)
         del x
     elif use == "kernel":
-        gram = _gram(reader, key, projection, budget - kernel_bytes(n, columns, k), features)
-        y = torch.from_numpy(target.rows(index)).to(device=gram.device, dtype=torch.float64)
+        gram = _gram(design, budget - kernel_bytes(n, columns, k))
+        y = torch.from_numpy(target.rows(design.index)).to(device=gram.device,
+                                                            dtype=torch.float64)
         r, chosen = solve_kernel(gram, y, fold_of, alphas)
         del gram
     else:
-        r, chosen = _streamed(reader, key, target, index, fold_of, alphas, projection,
-                              features, budget, rows)
-    found = {"key": key, "score": float(r.mean(0).mean()), "r": r.mean(0), "fold_r": r,
-             "alpha": chosen, "solver": use, "features": features}
-    if projection is not None:
-        found.update(projection.describe())
-    return found
+        r, chosen = _streamed(key, design, target, fold_of, alphas, budget, rows)
+    return {"key": key, "score": float(r.mean(0).mean()), "r": r.mean(0), "fold_r": r,
+            "alpha": chosen, "solver": use, "features": features}
 
 
 def _auto(key: str, rows: int, features: int, columns: int, folds: int, budget: int) -> str:
@@ -190,35 +314,29 @@ def _auto(key: str, rows: int, features: int, columns: int, folds: int, budget: 
     return use
 
 
-def _gram(reader: AlignedRows, key: str, projection, budget: int, features: int
-          ) -> torch.Tensor:
-    # X Xᵀ of the (projected) rows, panel by panel: a panel's rows against every later block
-    n = reader.num_rows
-    rows = max(1, min(n, int(max(budget, 1 << 20) // (2 * (16 * reader.width(key)
-                                                           + 8 * features)))))
+def _gram(design: Design, budget: int) -> torch.Tensor:
+    # X Xᵀ of the design's rows, panel by panel: a panel's rows against every later block
+    n = design.num_rows
+    rows = max(1, min(n, int(max(budget, 1 << 20) // (2 * design.row_bytes))))
     spans = list(blocks_of(n, rows))
-    gram = torch.empty(n, n, dtype=torch.float64, device=reader.device)
+    gram = None
     for i, (p0, p1) in enumerate(spans):
-        panel = _projected(reader, key, p0, p1, projection)
+        panel = design.read(p0, p1)
+        if gram is None:
+            gram = panel.new_empty(n, n)
         for b0, b1 in spans[i:]:
-            block = panel if b0 == p0 else _projected(reader, key, b0, b1, projection)
+            block = panel if b0 == p0 else design.read(b0, b1)
             product = panel @ block.T
             gram[p0:p1, b0:b1] = product
             gram[b0:b1, p0:p1] = product.T
     return gram
 
 
-def _projected(reader: AlignedRows, key: str, start: int, stop: int,
-               projection: SparseProjection | None) -> torch.Tensor:
-    x = reader.read(start, stop, [key])[key]
-    return projection(x) if projection is not None else x
-
-
-def _streamed(reader: AlignedRows, key: str, target: Targets, index: np.ndarray,
-              fold_of: np.ndarray, alphas: list[float], projection, features: int,
-              budget: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+def _streamed(key: str, design: Design, target: Targets, fold_of: np.ndarray,
+              alphas: list[float], budget: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
     # the targets' columns in as few batches as the folds' sums allow (one, mostly)
     k = int(fold_of.max()) + 1
+    features = design.features
     if stats_bytes(k, features, 1) > budget // 2:
         need = stats_bytes(k, features, 1) * 2 / (1 << 20)
         raise ConfigError(f"the streamed ridge of {key} ({features} features, {k} folds) needs "
@@ -228,10 +346,11 @@ def _streamed(reader: AlignedRows, key: str, target: Targets, index: np.ndarray,
     while per_batch > 1 and stats_bytes(k, features, per_batch) > budget // 2:
         per_batch = (per_batch + 1) // 2
     r, chosen = np.zeros((k, columns)), np.zeros((k, columns))
+    index = design.index
     for c0, c1 in blocks_of(columns, per_batch):
         sums = FoldAccumulator(k)
-        for start, stop in blocks_of(reader.num_rows, rows):
-            x = _projected(reader, key, start, stop, projection)
+        for start, stop in blocks_of(design.num_rows, rows):
+            x = design.read(start, stop)
             y = torch.from_numpy(target.rows(index[start:stop])[:, c0:c1]).to(x.device)
             sums.add(x, y, fold_of[start:stop])
         r[:, c0:c1], chosen[:, c0:c1] = solve_streamed(sums.folds, alphas)
@@ -246,33 +365,51 @@ def default_out_dir(path: str | Path) -> Path:
 def write_results(results: list[dict], out_dir: str | Path, *, file: str | Path,
                   targets: str | Path, folds: int, alphas: list[float] | None = None,
                   seed: int = _Defaults.seed) -> list[Path]:
-    """Write ``encoding.csv`` (``key,score``) and ``scores.h5`` (``r/<key>``: each target
-    column's r, ``fold_r/<key>`` and ``alpha/<key>``: per outer fold) into ``out_dir``.
+    """Write ``encoding.csv`` (``key,score``, and ``score_normalised`` with repeats) and
+    ``scores.h5`` (``r/<key>``: each target column's r, ``fold_r/<key>`` and
+    ``alpha/<key>``: per outer fold; with repeats ``r_normalised/<key>`` and
+    ``reliability``, each target's) into ``out_dir``.
 
     Raises:
         OutputError: ``out_dir`` cannot be written.
     """
+    ceiling = bool(results) and "reliability" in results[0]
     with writing(out_dir) as out_dir:
-        write_csv(out_dir / "encoding.csv", COLUMNS, results)
+        write_csv(out_dir / "encoding.csv", COLUMNS + (("score_normalised",) if ceiling else ()),
+                  results)
         with h5py.File(out_dir / "scores.h5", "w") as h5:
             h5.attrs.update({
                 "file": str(file), "targets": str(targets), "folds": int(folds), "seed": seed,
                 "alphas": np.asarray(ALPHAS if alphas is None else alphas, dtype=np.float64),
                 "score": "mean over the target columns of the held-out Pearson r, each "
                          "column's r averaged over the outer folds"})
+            if ceiling:
+                h5["reliability"] = results[0]["reliability"]
+                h5["reliability"].attrs["what"] = (
+                    "each target's split-half reliability over the repeats (even against odd), "
+                    "Spearman-Brown corrected; r_normalised = r / sqrt(reliability)")
             for r in results:
                 h5[f"r/{r['key']}"] = r["r"]
                 h5[f"fold_r/{r['key']}"] = r["fold_r"]
                 h5[f"alpha/{r['key']}"] = r["alpha"]
+                if ceiling:
+                    h5[f"r_normalised/{r['key']}"] = r["r_normalised"]
                 h5[f"r/{r['key']}"].attrs.update(
-                    {name: value for name, value in r.items()
-                     if name not in ("key", "r", "fold_r", "alpha")})
+                    {name: value for name, value in r.items() if name not in _ARRAYS})
     return [out_dir / "encoding.csv", out_dir / "scores.h5"]
+
+
+# the per-target results, written as datasets rather than attrs
+_ARRAYS = ("key", "r", "fold_r", "alpha", "reliability", "r_normalised")
 
 
 def format_table(results: list[dict]) -> str:
     """The scores as an aligned text table, one line per key."""
-    return aligned([("key", "score", "features", "solver")] + [
-        (r["key"], f"{r['score']:.3f}", str(r["features"]) + (
-            f" (of {r['input_features']})" if "input_features" in r else ""), r["solver"])
+    ceiling = bool(results) and "score_normalised" in results[0]
+    head = ("key", "score", *(("normalised",) if ceiling else ()), "features", "solver")
+    return aligned([head] + [
+        (r["key"], f"{r['score']:.3f}",
+         *((f"{r['score_normalised']:.3f}",) if ceiling else ()),
+         str(r["features"]) + (f" (of {r['input_features']})" if "input_features" in r
+                               else ""), r["solver"])
         for r in results])

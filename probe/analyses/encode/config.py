@@ -16,7 +16,8 @@ ALPHAS = [0.1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8]
 class EncodeConfig:
     # the probe file to read (a finished run); required
     file: str | None = None
-    # what to predict: T.npy (N, V) or T.h5:name, row i belonging to dataset sample i; required
+    # what to predict: T.npy (N, V) or T.h5:name, row i belonging to dataset sample i (TR i,
+    # with tr); required unless repeats gives them
     targets: str | None = None
     # "<layer>/<kind>" or "<layer>" (all its kinds); null: every stored dataset
     keys: list[str] | None = None
@@ -37,5 +38,18 @@ class EncodeConfig:
     # auto (exact, by cost: streamed sums when features <= training rows, else the kernel
     # form where its rows x rows Gram matrix fits) | streamed | kernel | himalaya (RidgeCV)
     solver: str = "auto"
+    # naturalistic designs (movies, stories): a finite impulse response, each row beside the
+    # rows that many rows (TRs) before it, e.g. [1,2,3,4]; null: none. The rows are then a
+    # time series, and the folds contiguous runs of it
+    delays: list[int] | None = None
+    # seconds per TR: the targets' rows are TRs, and the rows are averaged into them by their
+    # time (with onsets); null: row i of the targets is dataset sample i
+    tr: float | None = None
+    # O.npy: each dataset sample's onset in seconds (frames follow at the file's frame rate),
+    # or one per stored row (tokens with their word onsets); with tr
+    onsets: str | None = None
+    # R.npy (R, N, V): repeated responses, for each target's noise ceiling (split-half,
+    # Spearman-Brown) and the scores normalised by it; targets default to their mean
+    repeats: str | None = None
     # also draw encoding.png (needs matplotlib)
     plot: bool = True

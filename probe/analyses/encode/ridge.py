@@ -31,9 +31,12 @@ __all__ = ["deal_folds", "FoldSums", "FoldAccumulator", "solve_streamed", "solve
            "pearson_columns", "have_himalaya", "himalaya_bytes", "check_folds", "stats_bytes"]
 
 
-def deal_folds(num_rows: int, folds: int, seed: int) -> np.ndarray:
-    """Each row's outer fold (0 .. folds - 1), dealt from a permutation seeded by ``seed``."""
-    order = np.random.default_rng(seed).permutation(num_rows)
+def deal_folds(num_rows: int, folds: int, seed: int, contiguous: bool = False) -> np.ndarray:
+    """Each row's outer fold (0 .. folds - 1), dealt from a permutation seeded by ``seed``;
+    ``contiguous``: in runs of consecutive rows, for a time series, whose neighbouring rows
+    are alike (a random deal would test on the neighbours of training rows)."""
+    order = (np.arange(num_rows) if contiguous
+             else np.random.default_rng(seed).permutation(num_rows))
     fold_of = np.empty(num_rows, dtype=np.int64)
     for fold, rows in enumerate(np.array_split(order, folds)):
         fold_of[rows] = fold

@@ -29,8 +29,9 @@ class Targets:
             y = targets.rows(np.array([3, 0, 7]))    # (3, V) float64
     """
 
-    def __init__(self, spec: str, array, handle: h5py.File | None = None):
-        self.spec, self.array, self.handle = spec, array, handle
+    def __init__(self, spec: str, array, handle: h5py.File | None = None,
+                 option: str = "targets"):
+        self.spec, self.array, self.handle, self.option = spec, array, handle, option
         self.num_rows = int(array.shape[0])
         self.num_columns = int(math.prod(array.shape[1:]))
 
@@ -54,7 +55,7 @@ class Targets:
         values = values.reshape(len(samples), self.num_columns)
         if not np.isfinite(values).all():
             bad = int(samples[np.flatnonzero(~np.isfinite(values).all(1))[0]])
-            raise DataError(f"targets={self.spec!r} holds NaN or an infinity in row {bad}; "
+            raise DataError(f"{self.option}={self.spec!r} holds NaN or an infinity in row {bad}; "
                             "drop or fill those values first")
         return values
 
@@ -68,19 +69,20 @@ class Targets:
         length = _dataset_length(f)
         if length is not None and self.num_rows != length:
             raise ConfigError(
-                f"targets={self.spec!r} has {self.num_rows} rows, but the dataset of "
+                f"{self.option}={self.spec!r} has {self.num_rows} rows, but the dataset of "
                 f"{str(f.path)!r} has {length} samples; row i of the targets belongs to "
                 "dataset sample i, so they need one row per sample")
         highest = int(f.index.max()) if f.num_rows else -1
         if self.num_rows <= highest:
             raise ConfigError(
-                f"targets={self.spec!r} has {self.num_rows} rows, but {str(f.path)!r} holds "
+                f"{self.option}={self.spec!r} has {self.num_rows} rows, but {str(f.path)!r} holds "
                 f"dataset sample {highest}; row i of the targets belongs to dataset sample i, "
                 f"so they need at least {highest + 1} rows")
 
 
-def open_targets(spec: str | Path) -> Targets:
-    """Open ``T.npy`` (memory-mapped) or ``T.h5:name``.
+def open_targets(spec: str | Path, option: str = "targets") -> Targets:
+    """Open ``T.npy`` (memory-mapped) or ``T.h5:name``, given as ``option`` (what the errors
+    name: the targets, or the onsets and repeats that come as arrays too).
 
     Raises:
         ConfigError: not one of those forms, or no such dataset in the HDF5 file, or not
@@ -90,54 +92,55 @@ def open_targets(spec: str | Path) -> Targets:
     spec = str(spec)
     path, _, name = spec.rpartition(":")
     if path.lower().endswith(_H5_SUFFIXES) and name:
-        return _from_hdf5(spec, Path(path).expanduser(), name)
+        return _from_hdf5(spec, Path(path).expanduser(), name, option)
     path = Path(spec).expanduser()
     if path.suffix.lower() in _H5_SUFFIXES:
-        raise ConfigError(f"targets={spec!r} is an HDF5 file; name its dataset as "
-                          f"targets={spec}:NAME")
+        raise ConfigError(f"{option}={spec!r} is an HDF5 file; name its dataset as "
+                          f"{option}={spec}:NAME")
     if path.suffix.lower() != ".npy":
-        raise ConfigError(f"targets={spec!r}: use a .npy file (N, V) or an HDF5 dataset as "
+        raise ConfigError(f"{option}={spec!r}: use a .npy file (N, V) or an HDF5 dataset as "
                           "path.h5:name")
     if not path.is_file():
-        raise DataError(f"targets={spec!r} does not exist; pass a .npy file of (N, V) rows")
+        raise DataError(f"{option}={spec!r} does not exist; pass a .npy file of (N, V) rows")
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError as err:
-        raise ConfigError(f"targets={spec!r} cannot be read as a numeric array ({err})") from None
-    return _checked(spec, array)
+        raise ConfigError(f"{option}={spec!r} cannot be read as a numeric array ({err})") from None
+    return _checked(spec, array, option=option)
 
 
-def _from_hdf5(spec: str, path: Path, name: str) -> Targets:
+def _from_hdf5(spec: str, path: Path, name: str, option: str) -> Targets:
     if not path.is_file():
-        raise DataError(f"targets={spec!r}: {str(path)!r} does not exist")
+        raise DataError(f"{option}={spec!r}: {str(path)!r} does not exist")
     try:
         handle = h5py.File(path, "r")
     except OSError as err:
-        raise DataError(f"targets={spec!r}: {str(path)!r} is not an HDF5 file ({err})") from None
+        raise DataError(f"{option}={spec!r}: {str(path)!r} is not an HDF5 file ({err})") from None
     dataset = handle.get(name)
     if not isinstance(dataset, h5py.Dataset):
         names: list[str] = []
         handle.visititems(lambda n, obj: names.append(n) if isinstance(obj, h5py.Dataset)
                           else None)
         handle.close()
-        raise ConfigError(f"targets={spec!r}: {str(path)!r} has no dataset {name!r}; it holds "
+        raise ConfigError(f"{option}={spec!r}: {str(path)!r} has no dataset {name!r}; it holds "
                           f"{names}")
     try:
-        return _checked(spec, dataset, handle)
+        return _checked(spec, dataset, handle, option)
     except BaseException:
         handle.close()
         raise
 
 
-def _checked(spec: str, array, handle: h5py.File | None = None) -> Targets:
+def _checked(spec: str, array, handle: h5py.File | None = None,
+             option: str = "targets") -> Targets:
     if array.ndim < 1 or array.shape[0] == 0:
-        raise ConfigError(f"targets={spec!r} holds no rows (shape {tuple(array.shape)})")
+        raise ConfigError(f"{option}={spec!r} holds no rows (shape {tuple(array.shape)})")
     if not (np.issubdtype(array.dtype, np.number) or np.issubdtype(array.dtype, np.bool_)):
-        raise ConfigError(f"targets={spec!r} holds {array.dtype}, not numbers")
+        raise ConfigError(f"{option}={spec!r} holds {array.dtype}, not numbers")
     if math.prod(array.shape[1:]) == 0:
-        raise ConfigError(f"targets={spec!r} has no columns (shape {tuple(array.shape)}); "
+        raise ConfigError(f"{option}={spec!r} has no columns (shape {tuple(array.shape)}); "
                           "pass (N, V) values with V >= 1")
-    return Targets(spec, array, handle)
+    return Targets(spec, array, handle, option)
 
 
 def _dataset_length(f: FeatureFile) -> int | None:
