@@ -254,3 +254,51 @@ def test_the_command_writes_the_ceiling_and_says_the_folds_are_contiguous(series
         assert h5["reliability"].shape == (12,) and h5["r_normalised/middle/output"].shape == (12,)
     missing = cli(f"file={series['file']}", "delays=[1]", cwd=tmp_path, module="probe.encode")
     assert missing.returncode != 0 and "targets" in error_line(missing)
+
+
+def test_bands_weigh_the_keys_as_himalaya_does_on_its_own_kernels(series):
+    pytest.importorskip("himalaya")
+    from himalaya.backend import set_backend
+    from himalaya.kernel_ridge import ColumnKernelizer, Kernelizer, MultipleKernelRidgeCV
+
+    from probe.analyses.encode.bands import ITERATIONS
+    from probe.analyses.encode.ridge import deal_folds, inner_splits, pearson_columns
+
+    results = encode(series["file"], series["bold"], ["early"], delays=[DELAY],
+                     bands=["early", "middle"], folds=3)
+    banded = results[-1]
+    assert banded["key"] == "early/output+middle/output" and banded["solver"] == "banded"
+    # the band the responses came from outweighs the other, and the pair beats early alone
+    weights = banded["band_weights"].mean((0, 2))
+    assert weights[1] > 0.7 and banded["score"] > results[0]["score"] + 0.08, weights
+    # the oracle: himalaya on the delayed features themselves, its own linear kernels
+    layers = series["layers"]
+    x = np.concatenate([_delayed(layers["early/output"], [DELAY]),
+                        _delayed(layers["middle/output"], [DELAY])], 1)
+    x = x.astype(np.float32).astype(np.float64)  # as the file stores the rows
+    y = np.load(series["bold"])
+    fold_of = deal_folds(300, 3, 0, contiguous=True)
+    members = [np.flatnonzero(fold_of == g) for g in range(3)]
+    set_backend("torch")
+    try:
+        kernels = ColumnKernelizer([("early", Kernelizer(), slice(0, 10)),
+                                    ("middle", Kernelizer(), slice(10, 26))])
+        for f in range(3):
+            train, inner = inner_splits(members, f)
+            model = MultipleKernelRidgeCV(
+                kernels="precomputed", solver="random_search", cv=inner, random_state=0,
+                fit_intercept=True,
+                solver_params={"n_iter": ITERATIONS, "alphas": np.array(
+                    [0.1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8]),
+                    "progress_bar": False})
+            model.fit(kernels.fit_transform(x[train]), y[train])
+            prediction = model.predict(kernels.transform(x[members[f]])).cpu().numpy()
+            np.testing.assert_allclose(banded["fold_r"][f],
+                                       pearson_columns(prediction, y[members[f]]), atol=1e-6)
+    finally:
+        set_backend("numpy")
+
+
+def test_bands_need_two_keys(series):
+    with pytest.raises(ConfigError, match="two or more keys"):
+        encode(series["file"], series["bold"], bands=["early"])

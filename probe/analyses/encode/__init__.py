@@ -27,6 +27,7 @@ import h5py
 import numpy as np
 import torch
 
+from probe.analyses.encode.bands import banded_bytes, solve_banded
 from probe.analyses.encode.ceiling import Repeats, normalised, open_repeats
 from probe.analyses.encode.config import ALPHAS
 from probe.analyses.encode.config import EncodeConfig as _Defaults
@@ -77,7 +78,7 @@ def encode(path: str | Path, targets: str | Path | None, keys: list[str] | None 
            device: str = _Defaults.device, memory_mb: float = _Defaults.memory_mb,
            solver: str = _Defaults.solver, delays: list[int] | None = None,
            tr: float | None = None, onsets: str | Path | None = None,
-           repeats: str | Path | None = None) -> list[dict]:
+           repeats: str | Path | None = None, bands: list[str] | None = None) -> list[dict]:
     """Fit and test a cross-validated ridge encoding model per stored key.
 
     The defaults are those of ``python -m probe.encode`` (probe.analyses.encode.config).
@@ -103,13 +104,16 @@ def encode(path: str | Path, targets: str | Path | None, keys: list[str] | None 
             .design), and the folds are contiguous runs of TRs.
         repeats: ``R.npy`` (R, N, V), repeated responses: each target's noise ceiling
             (probe.analyses.encode.ceiling), and the scores normalised by it.
+        bands: two or more keys for one more model, a banded ridge across them
+            (probe.analyses.encode.bands; needs himalaya), after the models of ``keys``.
 
     Returns:
         One dict per key, in the model's order: ``key``, ``score``, ``r`` (V,) each column's
         r, ``fold_r`` and ``alpha`` (folds, V), and how it was solved (``solver``,
         ``features``, and the projection's ``input_features``, ``projection``, ... where one
         was made); with ``repeats``, ``score_normalised``, ``r_normalised`` and
-        ``reliability`` too.
+        ``reliability`` too. The banded model's ``key`` joins its bands' with ``+``; it has
+        ``bands`` and ``band_weights`` (folds, bands, V).
 
     Raises:
         ProbeError: the file or targets are missing or unfinished, a key is not in the file
@@ -147,26 +151,70 @@ def encode(path: str | Path, targets: str | Path | None, keys: list[str] | None 
         fold_of = deal_folds(num_rows, int(folds), int(seed), contiguous=series)
         if series:
             log.info("the rows are a time series: %d folds of contiguous rows", int(folds))
-        reliability = None
+        banded = _checked_bands(f, bands, target.num_rows if timing else f.num_rows,
+                                target.num_columns, budget)
+
+        def design_of(key: str) -> tuple[Design, SparseProjection | None]:
+            return _design(f, key, target, int(max_features), int(seed), torch_device,
+                           budget, delays, timing)
+
         results = []
         for key in selected:
-            design, projection = _design(f, key, target, int(max_features), int(seed),
-                                         torch_device, budget, delays, timing)
-            if repeated is not None and reliability is None:
-                reliability = repeated.reliability(design.index, budget)
+            design, projection = design_of(key)
             found = _solve(key, design, target, fold_of, alphas, budget, solver)
             if projection is not None:
                 found.update(projection.describe())
-            if reliability is not None:
+            results.append(found)
+            _log_score(found)
+        if banded:
+            designs = [design_of(key)[0] for key in banded]
+            results.append(_solve_bands(banded, designs, target, fold_of, alphas, int(seed),
+                                        budget))
+            _log_score(results[-1])
+        if repeated is not None:  # over the targets' rows that the models were tested on
+            tested = np.arange(target.num_rows) if timing is not None else f.index
+            reliability = repeated.reliability(tested, budget)
+            for found in results:
                 found["reliability"] = reliability
                 found["r_normalised"] = normalised(found["r"], reliability)
                 found["score_normalised"] = _nanmean(found["r_normalised"])
-            results.append(found)
-            log.info("%s: score %.3f (%s, %d features%s)", key, found["score"],
-                     found["solver"], found["features"],
-                     f", projected from {found['input_features']}"
-                     if "projection" in found else "")
     return results
+
+
+def _log_score(found: dict) -> None:
+    log.info("%s: score %.3f (%s, %d features%s)", found["key"], found["score"],
+             found["solver"], found["features"],
+             f", projected from {found['input_features']}" if "projection" in found else "")
+
+
+def _checked_bands(f: FeatureFile, bands, rows: int, columns: int, budget: int
+                   ) -> list[str]:
+    if bands is None:
+        return []
+    chosen = select_keys(f, bands, name="bands")
+    if len(chosen) < 2:
+        raise ConfigError(f"bands={list(bands)} names {len(chosen)} dataset; a banded ridge "
+                          "weighs two or more keys, e.g. 'bands=[layer3,layer4]'")
+    if not have_himalaya():
+        raise ConfigError("bands= needs himalaya: pip install 'probe[analysis]'")
+    need = banded_bytes(len(chosen), rows, columns)
+    if need > budget:
+        raise ConfigError(f"bands= holds {len(chosen)} Gram matrices of {rows} x {rows} rows, "
+                          f"about {need / (1 << 20):.0f} MiB, more than memory_mb allows; "
+                          "raise memory_mb")
+    return chosen
+
+
+def _solve_bands(keys: list[str], designs: list[Design], target: Targets,
+                 fold_of: np.ndarray, alphas: list[float], seed: int, budget: int) -> dict:
+    grams = torch.stack([_gram(design, budget // (2 * len(designs)) or 1)
+                         for design in designs])
+    y = target.rows(designs[0].index)
+    r, chosen, weights = solve_banded(grams, y, fold_of, alphas, seed)
+    del grams
+    return {"key": "+".join(keys), "score": float(r.mean(0).mean()), "r": r.mean(0),
+            "fold_r": r, "alpha": chosen, "solver": "banded", "bands": keys,
+            "band_weights": weights, "features": sum(d.features for d in designs)}
 
 
 def _checked_alphas(alphas) -> list[float]:
@@ -394,13 +442,15 @@ def write_results(results: list[dict], out_dir: str | Path, *, file: str | Path,
                 h5[f"alpha/{r['key']}"] = r["alpha"]
                 if ceiling:
                     h5[f"r_normalised/{r['key']}"] = r["r_normalised"]
+                if "band_weights" in r:
+                    h5[f"band_weights/{r['key']}"] = r["band_weights"]
                 h5[f"r/{r['key']}"].attrs.update(
                     {name: value for name, value in r.items() if name not in _ARRAYS})
     return [out_dir / "encoding.csv", out_dir / "scores.h5"]
 
 
 # the per-target results, written as datasets rather than attrs
-_ARRAYS = ("key", "r", "fold_r", "alpha", "reliability", "r_normalised")
+_ARRAYS = ("key", "r", "fold_r", "alpha", "reliability", "r_normalised", "band_weights")
 
 
 def format_table(results: list[dict]) -> str:

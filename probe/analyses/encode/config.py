@@ -51,5 +51,8 @@ class EncodeConfig:
     # R.npy (R, N, V): repeated responses, for each target's noise ceiling (split-half,
     # Spearman-Brown) and the scores normalised by it; targets default to their mean
     repeats: str | None = None
+    # two or more keys for one more model, a banded ridge across them (each key a band with a
+    # penalty of its own: himalaya's multiple-kernel ridge), e.g. [layer3,layer4]; null: none
+    bands: list[str] | None = None
     # also draw encoding.png (needs matplotlib)
     plot: bool = True

@@ -27,7 +27,7 @@ import torch
 from probe.errors import ConfigError
 
 __all__ = ["deal_folds", "FoldSums", "FoldAccumulator", "solve_streamed", "solve_in_memory",
-           "symmetric_eigh",
+           "symmetric_eigh", "inner_splits",
            "pearson_columns", "have_himalaya", "himalaya_bytes", "check_folds", "stats_bytes"]
 
 
@@ -219,12 +219,7 @@ def solve_in_memory(x: torch.Tensor, y: np.ndarray, fold_of: np.ndarray,
     try:
         with here:
             for f in range(k):
-                others = [g for g in range(k) if g != f]
-                train = np.concatenate([members[g] for g in others])
-                starts = np.cumsum([0] + [len(members[g]) for g in others])
-                positions = np.arange(len(train))
-                inner = [(np.setdiff1d(positions, positions[a:b]), positions[a:b])
-                         for a, b in zip(starts[:-1], starts[1:], strict=True)]
+                train, inner = inner_splits(members, f)
                 # one alpha at a time: its (validation x training rows) matrix is the largest
                 model = RidgeCV(alphas=np.asarray(alphas, dtype=np.float64), fit_intercept=True,
                                 cv=inner, solver_params={"warn": False, "n_alphas_batch": 1})
@@ -236,6 +231,19 @@ def solve_in_memory(x: torch.Tensor, y: np.ndarray, fold_of: np.ndarray,
     finally:
         set_backend(previous)
     return r, chosen
+
+
+def inner_splits(members: list[np.ndarray], outer: int
+                 ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """The training rows of outer fold ``outer`` (every other fold's ``members``, in order),
+    and the inner splits over them as scikit-learn's ``cv`` takes them: each other fold held
+    out in turn, as positions in those training rows."""
+    others = [g for g in range(len(members)) if g != outer]
+    train = np.concatenate([members[g] for g in others])
+    starts = np.cumsum([0] + [len(members[g]) for g in others])
+    positions = np.arange(len(train))
+    return train, [(np.setdiff1d(positions, positions[a:b]), positions[a:b])
+                   for a, b in zip(starts[:-1], starts[1:], strict=True)]
 
 
 def _on_grid(found: np.ndarray, alphas: list[float]) -> np.ndarray:
