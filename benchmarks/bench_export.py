@@ -17,6 +17,12 @@ process's VmHWM above its imports, on the file and on one 4 times smaller (targe
 larger file adds < 50 MB). The saelens shuffle is also timed against an in-memory
 permutation: the file's windows read whole, permuted with numpy, written raw.
 
+Beside them, each format's own library writes the same keys from memory (read first, not
+timed; ``--no-library`` leaves it out): pyarrow's ``write_table``, ``scipy.io.savemat``,
+``np.save``, datasets' ``save_to_disk`` of the unshuffled windows. ``vs lib`` is library seconds
+/ export seconds: where the format's encoding itself costs more than a raw write (Parquet's
+repetition levels, MATLAB's column-major order), that is the floor an export can reach.
+
 Medians of ``--repeat`` runs, export and baseline alternating. The input files stay in the
 page cache (both sides read from memory); both sides fsync what they write (the export does,
 before it renames its folder into place), so the seconds include the disk. The machine may be
@@ -109,6 +115,57 @@ print(json.dumps({"seconds": time.perf_counter() - began, "peak": peak(), "impor
 """
 
 
+# the format's own library writing the same keys from memory (read first, not timed): what an
+# export could reach at best with that library, whose encoding (Parquet's repetition levels,
+# MATLAB's column-major order) costs what a raw write does not
+_LIBRARY = _PEAK + """
+import json, sys, time, os
+import h5py, numpy as np
+os.makedirs(sys.argv[3])
+route, out = sys.argv[2], sys.argv[3]
+with h5py.File(sys.argv[1], "r") as f:
+    keys = [f"{g}/{k}" for g in f if isinstance(f[g], h5py.Group) for k in f[g]]
+    arrays = {key: f[key][:] for key in keys}
+    index = f["index"][:]
+if route == "parquet":
+    import pyarrow as pa, pyarrow.parquet as pq
+elif route == "mat":
+    from scipy.io import savemat
+else:
+    import datasets, pyarrow as pa
+start = peak()
+began = time.perf_counter()
+written = sum(a.nbytes for a in arrays.values())
+if route == "npy":
+    for n, array in enumerate(arrays.values()):
+        np.save(os.path.join(out, f"{n}.npy"), array)
+elif route == "parquet":
+    # one row group of the whole table when it holds rows per sample, else a table a key
+    for n, (key, array) in enumerate(arrays.items()):
+        flat = pa.array(array.reshape(-1))
+        column = pa.FixedSizeListArray.from_arrays(flat, int(np.prod(array.shape[1:])))
+        pq.write_table(pa.table({key: column}), os.path.join(out, f"{n}.parquet"),
+                       compression="none", use_dictionary=False, write_statistics=False)
+elif route == "mat":
+    savemat(os.path.join(out, "all.mat"), {f"k{n}": a for n, a in enumerate(arrays.values())})
+else:  # saelens: the windows, unshuffled, through datasets' own save_to_disk
+    context = 128
+    columns = {}
+    for key, array in arrays.items():
+        whole = array[: len(array) // context * context]
+        flat = pa.array(whole.reshape(-1))
+        inner = pa.FixedSizeListArray.from_arrays(flat, array.shape[1])
+        columns[key] = pa.FixedSizeListArray.from_arrays(inner, context)
+    datasets.Dataset(pa.table(columns)).save_to_disk(out)
+for root, _, names in os.walk(out):
+    for name in names:
+        with open(os.path.join(root, name), "rb+") as stream:
+            os.fsync(stream.fileno())
+print(json.dumps({"seconds": time.perf_counter() - began, "peak": peak(), "imports": start,
+                  "bytes": written}))
+"""
+
+
 def image_file(path: Path, gib: float) -> Path:
     """Image rows of two (256, 8, 8) float32 keys, ``gib`` GiB in all."""
     import torch
@@ -193,20 +250,24 @@ def median(runs: list[dict], key: str) -> float:
 
 
 def compare(name: str, file: Path, small: Path, route: str, work: Path, args) -> None:
-    ours, raw = [], []
+    ours, raw, library = [], [], []
     for _ in range(args.repeat):
         ours.append(measure(_EXPORT, file, route, work / "out", args.memory_mb))
         raw.append(measure(_RAW, file, route, work / "out", args.memory_mb))
+        if args.library:
+            library.append(measure(_LIBRARY, file, route, work / "out", args.memory_mb))
     little = measure(_EXPORT, small, route, work / "out", args.memory_mb)
     mib = 2**20
     seconds, baseline = median(ours, "seconds"), median(raw, "seconds")
+    floor = (f"{median(library, 'seconds'):10.2f}{median(library, 'seconds') / seconds:8.2f}"
+             if library else f"{'-':>10}{'-':>8}")
     grown = (median(ours, "peak") - median(ours, "imports")) - (little["peak"]
                                                                  - little["imports"])
     rates = median(raw, "bytes") / baseline / mib, median(ours, "bytes") / seconds / mib
     print(f"{name:18}{route:9}{seconds:9.2f}{baseline:10.2f}{baseline / seconds:8.2f}"
           f"{rates[0]:10.0f}{rates[1]:10.0f}"
           f"{(median(ours, 'peak') - median(ours, 'imports')) / mib:11.0f}"
-          f"{(little['peak'] - little['imports']) / mib:11.0f}{grown / mib:9.0f}")
+          f"{(little['peak'] - little['imports']) / mib:11.0f}{grown / mib:9.0f}{floor}")
 
 
 def main() -> None:
@@ -219,6 +280,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--routes", default="npy,parquet,mat,saelens")
     parser.add_argument("--dir", type=Path, default=None, help="where the files go")
+    parser.add_argument("--no-library", dest="library", action="store_false",
+                        help="leave out the format's library writing from memory (it holds "
+                             "the whole file in memory)")
     args = parser.parse_args()
     routes = args.routes.split(",")
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
@@ -231,7 +295,8 @@ def main() -> None:
               f"{text.stat().st_size / 2**30:.2f} GiB; memory_mb={args.memory_mb:g}; medians of "
               f"{args.repeat}; load {os.getloadavg()[0]:.2f} at the start")
         print(f"{'file':18}{'route':9}{'export s':>9}{'h5py+raw':>10}{'ratio':>8}"
-              f"{'raw MiB/s':>10}{'exp MiB/s':>10}{'peak MiB':>11}{'1/4 file':>11}{'grows':>9}")
+              f"{'raw MiB/s':>10}{'exp MiB/s':>10}{'peak MiB':>11}{'1/4 file':>11}{'grows':>9}"
+              f"{'library s':>10}{'vs lib':>8}")
         for route in routes:
             if route != "saelens":
                 compare("image rows", images, images_small, route, work, args)
