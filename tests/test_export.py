@@ -397,3 +397,26 @@ def test_a_four_times_larger_file_adds_no_memory(to, tmp_path):
                               capture_output=True, text=True, check=True)
         peaks.append(int(done.stdout.split()[-1]) / 1024)
     assert peaks[1] - peaks[0] < 20, peaks  # MiB, for 96 MiB more of rows
+
+
+def test_parquet_holds_each_samples_text_as_a_string_column(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = image_file(tmp_path / "f.h5", rows=9, files=True)
+    export(path, "parquet", memory_mb=0.001)
+    table = pq.read_table(tmp_path / "f_export" / "f.parquet")
+    assert table.column_names[:3] == ["index", "target", "file"]
+    assert table.schema.field("file").type == "string"
+    assert table["file"].to_pylist() == [f"cat/{n}.png" for n in range(9)]
+
+
+def test_parquet_of_token_rows_gives_each_row_its_samples_text(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = token_file(tmp_path / "t.h5")
+    with h5py.File(path, "r+") as f:  # a string a sample, as a generation run's /completion
+        count = len(f["index"])
+        f.create_dataset("completion", data=[f"answer {n}" for n in range(count)],
+                         dtype=h5py.string_dtype())
+    export(path, "parquet", memory_mb=0.001)
+    table = pq.read_table(tmp_path / "t_export" / "t.parquet")
+    samples = table["sample"].to_numpy()
+    assert table["completion"].to_pylist() == [f"answer {n}" for n in samples]

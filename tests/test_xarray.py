@@ -114,3 +114,21 @@ def test_unknown_keys_and_a_missing_xarray(tmp_path, monkeypatch):
         monkeypatch.delitem(sys.modules, "probe.file.dataarray")
         with pytest.raises(ImportError, match=r"pip install 'probe\[export\]'"):
             f.to_xarray(CONV)
+
+
+def test_vision_language_rows_have_their_patch_on_the_grid(tmp_path, reads):
+    path = token_file(tmp_path / "v.h5")
+    with h5py.File(path, "r+") as f:  # as a vision-language run stores them: -1 for text
+        rows = len(f["block.1/output"])
+        patch = np.full((rows, 2), -1, dtype=np.int32)
+        patch[5:14] = np.stack(np.divmod(np.arange(9), 3), 1)
+        f.create_dataset("patch", data=patch)
+    with probe.open(path) as f:
+        x = f.to_xarray("block.1/output")
+        assert not reads
+        np.testing.assert_array_equal(x.patch_row.values, patch[:, 0])
+        np.testing.assert_array_equal(x.patch_column.values, patch[:, 1])
+        picked = x.isel(token=[9, 2, 13])
+        np.testing.assert_array_equal(picked.patch_column.values, patch[[9, 2, 13], 1])
+        image = x.where(x.patch_row >= 0, drop=True)
+        np.testing.assert_array_equal(image.values, f["block.1/output"][5:14])

@@ -9,7 +9,9 @@ The dims are the file's own (each dataset's ``dims`` attr); the coordinates lie 
 first: for rows per sample ``index`` and, where the file has them, ``target``, ``file``,
 ``caption``, ``transcript``, ``completion``; for rows per token (or frame) ``sample`` (the
 row of /index its sample has, from /offsets), that sample's ``index`` and ``target``, and the
-token's own ``input_ids``, ``positions``, ``document``, ``generated``, ``modality``.
+token's own ``input_ids``, ``positions``, ``document``, ``generated``, ``modality``, and a
+vision-language model's ``patch_row`` and ``patch_column`` (its place on its image's patch grid,
+-1 for text).
 
 Nothing is read when the array is made: the data and every coordinate are xarray's lazily
 indexed backend arrays (``xarray.backends.BackendArray`` under
@@ -38,6 +40,7 @@ from probe.file.format import (
     INDEX,
     INPUT_IDS,
     OFFSETS,
+    PATCH,
     POSITIONS,
     TARGET,
     TRANSCRIPT,
@@ -77,6 +80,10 @@ def data_array(f: Mapping, key: str) -> xr.DataArray:
     for name in names:
         if name in f and f[name].ndim == 1 and len(f[name]) >= rows:
             coords[name] = (dims[0], lazy(_Rows(f[name], rows)))
+    if per_token and PATCH in f and len(f[PATCH]) >= rows:
+        # a token row's place on its image's patch grid (-1 for text): a coordinate each
+        for column, name in enumerate(("patch_row", "patch_column")):
+            coords[name] = (dims[0], lazy(_Column(_Rows(f[PATCH], rows), column)))
     attrs = {k: (v.tolist() if isinstance(v, np.ndarray) else v)
              for k, v in dataset.attrs.items() if k != Attr.DIMS}
     variable = xr.Variable(dims, lazy(_Rows(dataset, rows)), attrs=attrs)
@@ -128,6 +135,17 @@ class _Rows(_Lazy):
         unique, back = np.unique(wanted, return_inverse=True)
         found = np.asarray(reader[key[:vector] + (unique,) + key[vector + 1:]])
         return np.take(found, back, axis=sum(not isinstance(k, int) for k in key[:vector]))
+
+
+class _Column(_Lazy):
+    """One column of a two-column dataset's rows (/patch: row and column on the grid)."""
+
+    def __init__(self, rows: _Rows, column: int):
+        self.rows, self.column = rows, column
+        self.shape, self.dtype = rows.shape[:1], rows.dtype
+
+    def _read(self, key: tuple) -> np.ndarray:
+        return self.rows._read((key[0], self.column))
 
 
 class _Offsets:

@@ -5,8 +5,10 @@ holding the row flattened as a fixed-size list (its field metadata ``shape`` and
 how to fold it back). Bookkeeping of rows per sample: ``index`` and ``target`` (where the file
 has targets); of rows per token: ``sample`` (its sample's row of /index), that sample's
 ``index`` and ``target``, and the token's own ``input_ids``, ``positions``, ``document``,
-``generated``, ``modality`` where the file has them. Readable by pyarrow, pandas, polars and
-DuckDB.
+``generated``, ``modality`` where the file has them. The sample's text (``file``, ``caption``,
+``completion``, ``transcript``: a string a sample) follows its ``index``, as a string column
+(dictionary-encoded, so the text of a sample with many token rows is stored once a page).
+Readable by pyarrow, pandas, polars and DuckDB.
 
 The key columns are not compressed (activations barely shrink, and readers decode them faster
 as they are); the bookkeeping columns are (snappy). Each row group is one block of the export's
@@ -51,6 +53,10 @@ class ParquetExport:
         self.per_sample = not self.per_token and self.num_rows == source.rows(INDEX)
         self.token_columns = [name for name in TOKEN_COLUMNS if self.per_token and name in source
                               and source.rows(name) == self.num_rows]
+        # a string a sample, where the rows have a sample each
+        self.text_columns = [name for name in source.bookkeeping if source.is_text(name)
+                             and (self.per_token or self.per_sample)
+                             and source.rows(name) == source.rows(INDEX)]
 
     def write(self, folder: Path, budget: int) -> list[tuple[Path, int]]:
         import pyarrow as pa
@@ -83,6 +89,8 @@ class ParquetExport:
             fields.append(pa.field(INDEX, pa.int64()))
             if TARGET in self.source:
                 fields.append(pa.field(TARGET, pa.int64()))
+        for name in self.text_columns:
+            fields.append(pa.field(name, pa.string()))
         for name in self.token_columns:
             fields.append(pa.field(name, pa.from_numpy_dtype(self.source.dtype(name))))
         for key in self.source.keys:
@@ -103,16 +111,21 @@ class ParquetExport:
             samples = np.searchsorted(offsets, np.arange(start, stop), side="right") - 1
             columns["sample"] = samples
             first, last = int(samples[0]), int(samples[-1]) + 1
-            for name in (INDEX, TARGET):
+            for name in (INDEX, TARGET, *self.text_columns):
                 if name in source:
-                    columns[name] = source[name][first:last][samples - first]
+                    columns[name] = _values(source, name, first, last)[samples - first]
         elif self.per_sample:
-            for name in (INDEX, TARGET):
+            for name in (INDEX, TARGET, *self.text_columns):
                 if name in source:
-                    columns[name] = source[name][start:stop]
+                    columns[name] = _values(source, name, start, stop)
         for name in self.token_columns:
             columns[name] = source[name][start:stop]
         return columns
+
+
+def _values(source: Source, name: str, start: int, stop: int) -> np.ndarray:
+    dataset = source[name]
+    return np.asarray((dataset.asstr() if source.is_text(name) else dataset)[start:stop])
 
 
 def _flat(pa, rows: np.ndarray):
