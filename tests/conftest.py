@@ -57,6 +57,18 @@ TINY = ["dataset.image_size=32", "dataset.num_samples=6", "batch_size=4"]
 TINY_NET = ["model=custom", "model._target_=tests.tiny.TinyNet"]
 
 
+@pytest.fixture
+def one_thread(monkeypatch):
+    """Torch and the commands' processes on one thread: the analyses' small matrices gain
+    nothing from threads, which only wait on each other on a busy machine. A module takes it
+    with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the same for a command's own process
+    yield
+    torch.set_num_threads(threads)
+
+
 def compose_cfg(*overrides: str, output: Path | None = None, tiny: bool = True):
     """conf/config.yaml composed with ``overrides`` (after TINY, unless another dataset is
     picked or ``tiny`` is false) and ``output.path=output`` unless an override sets it."""

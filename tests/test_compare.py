@@ -26,14 +26,8 @@ KEYS = [f"{layer}/output" for layer in LAYERS]
 SAMPLES = 48
 
 
-@pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
-    """Small matrices gain nothing from threads, which only wait on each other here."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    yield
-    torch.set_num_threads(threads)
+# small matrices gain nothing from threads (tests/conftest.py one_thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _run(path, *overrides):

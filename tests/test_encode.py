@@ -27,13 +27,8 @@ DATASET = 300  # samples in the made-up dataset; the file holds 240 of them
 SIGNAL, NOISE = 6, 20  # target columns made from "middle", and of pure noise
 
 
-@pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    yield
-    torch.set_num_threads(threads)
+# small matrices gain nothing from threads (tests/conftest.py one_thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -25,13 +25,8 @@ DELAY = 2  # the brain answers two TRs late
 LAYERS = ("early", "middle", "late")
 
 
-@pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    yield
-    torch.set_num_threads(threads)
+# small matrices gain nothing from threads (tests/conftest.py one_thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _layers(rng, rows):

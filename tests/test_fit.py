@@ -20,14 +20,8 @@ from tests.conftest import cli
 LAYERS = ["layer1", "layer2", "layer3"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
-    """Tiny probes gain nothing from threads, which only wait on each other on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the same for the CLI's own process
-    yield
-    torch.set_num_threads(threads)
+# small matrices gain nothing from threads (tests/conftest.py one_thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
