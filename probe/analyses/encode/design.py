@@ -65,7 +65,12 @@ class FileRows:
 
 class TRBins:
     """The rows of ``source`` at ``times`` (seconds, one per row), averaged into ``num_trs``
-    bins of ``tr`` seconds; held in memory (TRs x features)."""
+    bins of ``tr`` seconds; held in memory (TRs x features).
+
+    Raises:
+        ConfigError: a row outside the recording, every row in one TR, or more than the
+            budget to hold.
+    """
 
     def __init__(self, source: FileRows, times: np.ndarray, tr: float, num_trs: int,
                  budget: int):
@@ -74,7 +79,7 @@ class TRBins:
             raise ConfigError(
                 f"{num_trs} TRs x {source.features} features of {source.key} take "
                 f"{need / (1 << 20):.0f} MiB; raise memory_mb or lower max_features")
-        bins = np.floor(times / tr).astype(np.int64)
+        bins = _bins(source.key, times, tr, num_trs)
         sums = torch.zeros(num_trs, source.features, dtype=torch.float64,
                            device=source.reader.device)
         rows = max(1, (budget // 4) // source.row_bytes)
@@ -93,6 +98,22 @@ class TRBins:
 
     def read(self, start: int, stop: int) -> torch.Tensor:
         return self.matrix[start:stop]
+
+
+def _bins(key: str, times: np.ndarray, tr: float, num_trs: int) -> np.ndarray:
+    # each row's TR, once the times are known to lie in the recording and span more than one
+    end = num_trs * tr
+    if len(times) and (times.min() < 0 or times.max() >= end):
+        bad = times.min() if times.min() < 0 else times.max()
+        raise ConfigError(f"a row of {key} lies at {bad:g} s, outside the recording: "
+                          f"{num_trs} TRs of tr={tr:g} s cover 0 to {end:g} s; check the "
+                          "onsets' units (seconds) and tr")
+    bins = np.floor(times / tr).astype(np.int64)
+    if len(times) > 1 and bins.min() == bins.max():
+        raise ConfigError(f"every row of {key} falls in one TR: tr={tr:g} s is longer than "
+                          f"the stimulus (its rows span {times.max() - times.min():g} s); give "
+                          "tr in seconds")
+    return bins
 
 
 class Delayed:
