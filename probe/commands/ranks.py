@@ -20,6 +20,7 @@ the progress bar; rank r logs to ``probe.rank-<r>.log`` there, and prints warnin
 
 from __future__ import annotations
 
+import atexit
 import copy
 import json
 import logging
@@ -105,6 +106,10 @@ def run(cfg: DictConfig, ranks: Ranks) -> Path:
     _quiet_console(ranks)
     if not dist.is_initialized():  # once per process: a multirun's jobs share it
         dist.init_process_group("gloo", timeout=_WAIT)
+        # torn down before the interpreter's own teardown: gloo's threads, left to C++'s
+        # static destructors, now and then aborted a rank at exit ("terminate called without
+        # an active exception"), failing a launch whose work was done
+        atexit.register(dist.destroy_process_group)
     with _error_file():
         return _run(cfg, ranks)
 
