@@ -37,11 +37,11 @@ from probe.analyses.compare.brain import (
     spearman_mean,
     upper,
 )
-from probe.analyses.compare.cka import cka_matrix
+from probe.analyses.compare.cka import LIBRARIES, cka_matrix
 from probe.analyses.compare.config import CompareConfig as _Defaults
 from probe.analyses.compare.pairing import Pairing, pair_rows
+from probe.analyses.compare.rsa import ranked, rdm_upper, spearman_matrix, subset, upper_ranks
 from probe.analyses.compare.rsa import rdm as model_rdm
-from probe.analyses.compare.rsa import spearman_matrix, subset, upper_ranks
 from probe.analyses.stats import (
     AlignedRows,
     analysis_device,
@@ -243,23 +243,36 @@ def _rsa(reader: AlignedRows, left: list[str], right: list[str], pairing: Pairin
                           f"memory_mb={notes['memory_mb']:g}; lower rdm_samples or raise "
                           "memory_mb")
     # the ranked triangles of as many keys as the budget holds beside one RDM; the others are
-    # made again when needed
+    # made again when needed. The right side's, and the left key in hand, are all that the loop
+    # over pairs reuses: when they fit, they go into one block of memory made first (ranks made
+    # one by one, between the temporaries of the next RDM, fragment the heap), and the key
+    # evicted, whose slot is reused, is always a left key done with
     cache: OrderedDict = OrderedDict()
     room = max(2, (budget - 8 * n * n) // max(1, triangle))
+    slots = None
+    if room > len(right):
+        room = len(right) + 1
+        slots = torch.empty(room, n * (n - 1) // 2, dtype=torch.float64, device=sub.device)
+    # each RDM is made in what the kept ranks and the libraries' own buffers leave
+    rdm_budget = budget - room * triangle - min(LIBRARIES, budget // 4)
     writer = _RdmWriter(rdms, fa, fb, pairing.index[positions], sub.rows) if rdms else None
     kept: dict = {}  # bootstrap: every RDM, (1, N, N)
 
     def ranks_of(name: str):
         if name not in cache:
-            matrix = model_rdm(sub, name, budget)
-            if bootstrap:
-                kept[name] = matrix[None]
-            if writer is not None:
-                writer.add(name, matrix)
-            cache[name] = upper_ranks(matrix)
-            del matrix
-            while len(cache) > room:
-                cache.popitem(last=False)
+            evicted = cache.popitem(last=False)[1] if len(cache) == room else None
+            out = None if slots is None else slots[len(cache)] if evicted is None else evicted
+            if bootstrap or writer is not None:  # the whole matrices
+                matrix = model_rdm(sub, name, rdm_budget)
+                if bootstrap:
+                    kept[name] = matrix[None]
+                if writer is not None:
+                    writer.add(name, matrix)
+                ranks = upper_ranks(matrix)
+                del matrix
+                cache[name] = ranks if out is None else out.copy_(ranks)
+            else:  # the upper triangle alone, made in blocks
+                cache[name] = ranked(rdm_upper(sub, name, rdm_budget, out=out))
         cache.move_to_end(name)
         return cache[name]
 
