@@ -14,8 +14,9 @@ whatever the size of the file.
 
 The other side may be a brain instead (probe.analyses.compare.brain): ``rdm=`` RDMs (one, or
 one per subject, which gives the noise ceiling) or ``responses=`` to make them from, their
-stimuli matched to the file's rows by ``index=`` (default: dataset order); ``bootstrap=K``
-draws the stimuli K times for an interval around every RSA value.
+stimuli matched to the file's rows by ``index=`` (default: dataset order). ``bootstrap=K``
+draws the stimuli K times for an interval around every RSA value, and the rows K times around
+every CKA value (probe.analyses.compare.cka_bootstrap).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from probe.analyses.compare.brain import (
     upper,
 )
 from probe.analyses.compare.cka import LIBRARIES, cka_matrix
+from probe.analyses.compare.cka_bootstrap import cka_intervals
 from probe.analyses.compare.config import CompareConfig as _Defaults
 from probe.analyses.compare.pairing import Pairing, pair_rows
 from probe.analyses.compare.rsa import ranked, rdm_upper, spearman_matrix, subset, upper_ranks
@@ -137,8 +139,8 @@ def compare(path: str | Path, other: str | Path | None = _Defaults.other,
             (1 - Pearson r).
         index: ``.npy`` of the dataset sample of each of the brain's N stimuli; None for
             dataset order (stimulus i is sample i).
-        bootstrap: rsa: draw the stimuli this many times for a 95% interval of each value
-            (``Similarity.intervals``); 0 for none.
+        bootstrap: draw the stimuli (cka: the rows) this many times with replacement for a
+            95% interval of each value (``Similarity.intervals``); 0 for none.
         device: where the sums are made (``cpu``, ``cuda``, ``auto``, ...).
         memory_mb: MiB for the rows and sums held at once.
         accumulate: cka: ``auto``, ``features`` or ``gram`` (see probe.analyses.compare.cka).
@@ -164,9 +166,8 @@ def compare(path: str | Path, other: str | Path | None = _Defaults.other,
     metric = metric or ("rsa" if brain is not None else "cka")
     if metric not in METRICS:
         raise ConfigError(f"metric={metric!r}: use cka, cka_debiased or rsa")
-    if int(bootstrap) < 0 or (bootstrap and metric != "rsa"):
-        raise ConfigError(f"bootstrap={bootstrap}: a number of bootstrap samples (0 for none) "
-                          "for metric=rsa; CKA's intervals are not computed yet")
+    if int(bootstrap) < 0:
+        raise ConfigError(f"bootstrap={bootstrap}: a number of bootstrap samples (0 for none)")
     if rdm_samples is not None and int(rdm_samples) < 3:
         raise ConfigError(f"rdm_samples={rdm_samples} must be at least 3, or null for all")
     budget = budget_bytes(memory_mb)
@@ -192,9 +193,15 @@ def compare(path: str | Path, other: str | Path | None = _Defaults.other,
                 values, rows, intervals = _rsa(reader, left, right, pairing, rdm_samples, seed,
                                                budget, rdms, fa, second, notes, int(bootstrap))
             else:
-                values = cka_matrix(reader, left, right, debiased=metric == "cka_debiased",
-                                    budget=budget, accumulate=accumulate)
+                debiased = metric == "cka_debiased"
+                values = cka_matrix(reader, left, right, debiased=debiased, budget=budget,
+                                    accumulate=accumulate)
                 rows = reader.num_rows
+                if bootstrap:
+                    log.info("%s: %d bootstrap samples of the %d rows (seed=%d)", metric,
+                             int(bootstrap), rows, seed)
+                    intervals = cka_intervals(reader, left, right, debiased=debiased,
+                                              budget=budget, samples=int(bootstrap), seed=seed)
         finally:
             if second is not None:
                 second.close()

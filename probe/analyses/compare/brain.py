@@ -19,7 +19,7 @@ The conventions are rsatoolbox's, so that its users get the numbers they know:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +31,7 @@ from probe.analyses.compare.rsa import _mean_ranks
 from probe.errors import ConfigError, DataError
 
 __all__ = ["BrainRDMs", "load_brain", "upper", "spearman_mean", "noise_ceiling",
-           "bootstrap_intervals"]
+           "bootstrap_intervals", "draws", "percentile_interval"]
 
 
 @dataclass(frozen=True)
@@ -216,16 +216,13 @@ def bootstrap_intervals(left: Mapping[str, torch.Tensor], right: Mapping[str, to
     stimuli (seeded): ``left[a]`` and ``right[b]`` are (S, N, N) matrices (S = 1 for a model's
     key), a pair's value the mean Spearman correlation over both sides' matrices.
 
-    Draw k takes ``np.sort(rng.integers(0, N, N))`` of ``np.random.default_rng(seed)`` and
-    keeps the pairs of two different stimuli.
+    Each draw (``draws``) keeps the pairs of two different stimuli.
     """
     n = next(iter(left.values())).shape[-1]
-    rng = np.random.default_rng(seed)
-    draws: dict[tuple[str, str], list[float]] = {pair: [] for pair in pairs}
+    found: dict[tuple[str, str], list[float]] = {pair: [] for pair in pairs}
     names = {"l": list(dict.fromkeys(a for a, _ in pairs)),
              "r": list(dict.fromkeys(b for _, b in pairs))}
-    for _ in range(samples):
-        chosen = np.sort(rng.integers(0, n, n))
+    for chosen in draws(n, samples, seed):
         rows, cols = np.triu_indices(n, 1)
         keep = torch.from_numpy(chosen[rows] != chosen[cols])
         pick = torch.from_numpy(chosen)
@@ -236,7 +233,20 @@ def bootstrap_intervals(left: Mapping[str, torch.Tensor], right: Mapping[str, to
                 units[side, name] = _unit(_ranks(upper(matrices, keep.to(matrices.device))))
         for a, b in pairs:
             values = units["l", a] @ units["r", b].T
-            draws[(a, b)].append(float(values.clamp(-1.0, 1.0).mean()))
+            found[(a, b)].append(float(values.clamp(-1.0, 1.0).mean()))
+    return {pair: percentile_interval(values, level) for pair, values in found.items()}
+
+
+def draws(n: int, samples: int, seed: int) -> Iterator[np.ndarray]:
+    """``samples`` bootstrap draws of ``n`` items with replacement, each sorted:
+    ``np.sort(rng.integers(0, n, n))`` of ``np.random.default_rng(seed)``, one after another."""
+    rng = np.random.default_rng(seed)
+    for _ in range(samples):
+        yield np.sort(rng.integers(0, n, n))
+
+
+def percentile_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """The central ``level`` percentile interval of bootstrap values, NaNs left out."""
     tail = 100 * (1 - level) / 2
-    return {pair: tuple(float(q) for q in np.nanpercentile(values, [tail, 100 - tail]))
-            for pair, values in draws.items()}
+    low, high = np.nanpercentile(values, [tail, 100 - tail])
+    return float(low), float(high)

@@ -29,7 +29,7 @@ class CompareConfig:
     # the dataset sample of each of the brain's N stimuli (a .npy of N integers); null: dataset
     # order, stimulus i is sample i
     index: str | None = None
-    # rsa: draw the stimuli this many times (seeded) for a 95% interval of every value
+    # draw the stimuli (cka: the rows) this many times (seeded) for a 95% interval of every value
     bootstrap: int = 0
     # where similarity.csv, the heatmap and the RDMs go; null: <file's folder>/<file stem>_compare
     out_dir: str | None = None
