@@ -107,7 +107,9 @@ def test_the_kernel_form_gives_the_streamed_and_himalaya_numbers(layered, memory
     assert [r["solver"] for r in kernel] == ["kernel", "streamed"]
     assert "wide/output: solver=kernel (324 features > 192 training rows" in caplog.text
     assert "middle/output: solver=streamed (24 features <= 192 training rows)" in caplog.text
-    streamed = encode(layered["file"], layered["targets"], ["wide"], solver="streamed")[0]
+    with caplog.at_level(logging.INFO, logger="probe.analyses.encode"):
+        streamed = encode(layered["file"], layered["targets"], ["wide"], solver="streamed")[0]
+    assert "wide/output: solver=streamed (as asked: solver=streamed)" in caplog.text
     theirs = encode(layered["file"], layered["targets"], ["wide"], solver="himalaya")[0]
     for other in (streamed, theirs):
         np.testing.assert_allclose(kernel[0]["fold_r"], other["fold_r"], rtol=1e-7, atol=1e-9)

@@ -298,7 +298,11 @@ def _solve(key: str, design: Design, target: Targets, fold_of: np.ndarray,
            alphas: list[float], budget: int, solver: str) -> dict:
     n, features, columns = design.num_rows, design.features, target.num_columns
     k = int(fold_of.max()) + 1
-    use = solver if solver != "auto" else _auto(key, n, features, columns, k, budget)
+    if solver == "auto":
+        use = _auto(key, n, features, columns, k, budget)
+    else:
+        use = solver
+        log.info("%s: solver=%s (as asked: solver=%s)", key, use, solver)
     if use == "himalaya" and himalaya_bytes(n, features, columns, k) > budget:
         need = himalaya_bytes(n, features, columns, k) / (1 << 20)
         raise ConfigError(f"solver=himalaya holds {key}'s rows in memory, about {need:.0f} MiB, "
