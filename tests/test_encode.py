@@ -8,6 +8,7 @@ import csv
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -80,9 +81,9 @@ def test_the_layer_the_targets_came_from_scores_best_and_noise_near_zero(layered
     assert 0.3 < scores["wide"] < scores["middle"]  # seen, blurred by the noise features
 
 
-@pytest.mark.parametrize("memory_mb", [64, 0.15])
+@pytest.mark.parametrize("memory_mb", [64, 0.2])
 def test_streamed_sums_give_himalayas_numbers(layered, memory_mb):
-    # 0.15 MiB: blocks of a few rows, and the target columns in several batches
+    # 0.2 MiB: blocks of a few rows, and the target columns in several batches
     keys = ["early", "middle", "wide"]
     ours = encode(layered["file"], layered["targets"], keys, max_features=40,
                   solver="streamed", memory_mb=memory_mb)
@@ -124,8 +125,12 @@ def test_solvers_that_would_outgrow_memory_mb_are_refused(layered):
         encode(layered["file"], layered["targets"], ["wide"], solver="himalaya", memory_mb=0.5)
     # auto falls back to the streamed sums when the Gram matrix does not fit, and says what
     # those need
-    with pytest.raises(ConfigError, match="streamed ridge of wide/output .* raise memory_mb"):
+    with pytest.raises(ConfigError, match="streamed ridge of wide/output .* raise memory_mb"
+                       ) as raised:
         encode(layered["file"], layered["targets"], ["wide"], memory_mb=0.9)
+    # and the memory_mb it names is enough
+    enough = float(re.search(r"memory_mb=([0-9.e+]+) or more", str(raised.value)).group(1))
+    assert encode(layered["file"], layered["targets"], ["wide"], memory_mb=enough * 1.01)
 
 
 def test_alpha_is_chosen_from_the_grid_given(layered):
@@ -234,7 +239,7 @@ def test_every_user_error_is_one_line_and_exit_1(layered, tmp_path, capsys):
         "holds NaN or an infinity in row": [f"file={file}", f"targets={tmp_path}/nan.npy"],
         "not numbers": [f"file={file}", f"targets={tmp_path}/text.npy"],
         "has no columns (shape (300, 0))": [f"file={file}", f"targets={tmp_path}/empty.npy"],
-        "needs about": [f"file={file}", f"targets={targets}", "solver=streamed",
+        "needs memory_mb=": [f"file={file}", f"targets={targets}", "solver=streamed",
                         "memory_mb=0.001", "keys=[wide]"],
     }
     for message, overrides in errors.items():

@@ -29,9 +29,13 @@ from probe.file.read import FeatureFile
 from probe.pipeline.device import resolve_device
 
 __all__ = ["select_keys", "model_order", "match_index", "AlignedRows", "read_rows",
-           "row_width", "blocks_of", "budget_bytes", "analysis_device", "MIB"]
+           "row_width", "blocks_of", "budget_bytes", "analysis_device", "MIB", "LIBRARIES",
+           "memory_mb_for"]
 
 MIB = 1 << 20
+# what numpy's BLAS, torch and HDF5 allocate on their first use, outside the arrays that an
+# analysis counts (23 MiB measured): left out of a budget, at most a quarter of it
+LIBRARIES = 32 * MIB
 # float64 copies of a block, plus the float32 rows they came from and a span read around them
 _BYTES_PER_VALUE = 8 + 4 * 2
 
@@ -221,3 +225,9 @@ def budget_bytes(memory_mb: float, *, option: str = "memory_mb") -> int:
     if not float(memory_mb) > 0:
         raise ConfigError(f"{option}={memory_mb} must be a positive number of MiB, e.g. 1024")
     return int(float(memory_mb) * MIB)
+
+
+def memory_mb_for(need: int) -> float:
+    """The smallest ``memory_mb`` that holds ``need`` bytes once ``LIBRARIES`` is left out of
+    it (a quarter of the budget, at most 32 MiB): for the one-line errors."""
+    return min(need * 4 / 3, need + LIBRARIES) / MIB

@@ -38,13 +38,14 @@ from probe.analyses.compare.brain import (
     spearman_mean,
     upper,
 )
-from probe.analyses.compare.cka import LIBRARIES, cka_matrix
+from probe.analyses.compare.cka import cka_matrix
 from probe.analyses.compare.cka_bootstrap import cka_intervals
 from probe.analyses.compare.config import CompareConfig as _Defaults
 from probe.analyses.compare.pairing import Pairing, pair_rows
 from probe.analyses.compare.rsa import ranked, rdm_upper, spearman_matrix, subset, upper_ranks
 from probe.analyses.compare.rsa import rdm as model_rdm
 from probe.analyses.stats import (
+    LIBRARIES,
     AlignedRows,
     analysis_device,
     budget_bytes,

@@ -41,16 +41,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from probe.analyses.stats import MIB, AlignedRows, blocks_of, read_rows
+from probe.analyses.stats import LIBRARIES, MIB, AlignedRows, blocks_of, read_rows
 from probe.errors import ConfigError
 
 __all__ = ["KernelSums", "hsic", "cka_from_sums", "cka_matrix", "plan", "each_block_pair",
            "panel_rows", "BlockReader", "matmul", "ACCUMULATIONS"]
 
 ACCUMULATIONS = ("auto", "features", "gram")
-# what numpy's BLAS, torch and HDF5 allocate on their first use, outside the arrays counted
-# here (23 MiB measured): left out of a budget, at most a quarter of it
-LIBRARIES = 32 * MIB
 Pair = tuple[str, str]
 Rows = dict[str, torch.Tensor]
 BlockPair = Callable[[tuple[int, int], tuple[int, int], Rows, Rows], None]

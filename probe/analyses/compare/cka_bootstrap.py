@@ -21,13 +21,12 @@ import torch
 
 from probe.analyses.compare.brain import draws, percentile_interval
 from probe.analyses.compare.cka import (
-    LIBRARIES,
     KernelSums,
     cka_from_sums,
     each_block_pair,
     panel_rows,
 )
-from probe.analyses.stats import MIB, AlignedRows
+from probe.analyses.stats import LIBRARIES, MIB, AlignedRows
 from probe.errors import ConfigError
 
 __all__ = ["cka_intervals"]

@@ -54,9 +54,11 @@ from probe.analyses.encode.ridge import (
 )
 from probe.analyses.encode.targets import Targets, open_targets
 from probe.analyses.stats import (
+    LIBRARIES,
     analysis_device,
     blocks_of,
     budget_bytes,
+    memory_mb_for,
     row_width,
     select_keys,
 )
@@ -131,6 +133,7 @@ def encode(path: str | Path, targets: str | Path | None, keys: list[str] | None 
     delays = None if delays is None else checked_delays(delays)
     timing = _checked_timing(tr, onsets)
     budget = budget_bytes(memory_mb)
+    budget -= min(LIBRARIES, budget // 4)
     torch_device = analysis_device(device)
     with ExitStack() as stack:
         f = stack.enter_context(open_checked(path))
@@ -373,9 +376,10 @@ def _streamed(key: str, design: Design, target: Targets, fold_of: np.ndarray,
     k = int(fold_of.max()) + 1
     features = design.features
     if stats_bytes(k, features, 1) > budget // 2:
-        need = stats_bytes(k, features, 1) * 2 / (1 << 20)
+        need = memory_mb_for(stats_bytes(k, features, 1) * 2)
         raise ConfigError(f"the streamed ridge of {key} ({features} features, {k} folds) needs "
-                          f"about {need:.2g} MiB; raise memory_mb or lower max_features")
+                          f"memory_mb={need:.2g} or more; raise memory_mb or lower "
+                          "max_features")
     columns = target.num_columns
     per_batch = columns
     while per_batch > 1 and stats_bytes(k, features, per_batch) > budget // 2:
