@@ -178,7 +178,8 @@ def measure(method: str, a: Path, b: Path, options: dict) -> dict:
     code = _HEAD + _CODE[method] + _TAIL
     result = subprocess.run([sys.executable, "-c", code, str(a), str(b), json.dumps(options)],
                             capture_output=True, text=True, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
     if result.returncode:
         raise SystemExit(f"{method} failed:\n{result.stderr}")
     return json.loads(result.stdout.splitlines()[-1])

@@ -228,14 +228,11 @@ def _reader(fa: FeatureFile, keys_a: list[str], fb: FeatureFile | None, keys_b: 
 def _rsa(reader: AlignedRows, left: list[str], right: list[str], pairing: Pairing,
          rdm_samples: int | None, seed: int, budget: int, rdms: str | Path | None,
          fa: FeatureFile, fb: FeatureFile | None, notes: dict, bootstrap: int = 0):
-    positions = subset(reader.num_rows, rdm_samples, seed)
-    if len(positions) < 3:
+    if reader.num_rows < 3:
         raise ConfigError(f"rsa needs at least 3 samples shared by both sides, and there are "
-                          f"{len(positions)}")
-    if len(positions) < reader.num_rows:
-        log.info("rsa: RDMs of %d of the %d %s, drawn with seed=%d (rdm_samples=%d)",
-                 len(positions), reader.num_rows, "token rows" if pairing.per_token else
-                 "samples", seed, rdm_samples)
+                          f"{reader.num_rows}")
+    positions = _subset_or_all(reader.num_rows, rdm_samples, seed,
+                               "token rows" if pairing.per_token else "samples")
     sub = reader.subset(positions)
     n = len(positions)
     triangle = 8 * n * (n - 1) // 2
@@ -349,11 +346,13 @@ def _brain_rsa(fa: FeatureFile, keys: list[str], brain: BrainRDMs, rdm_samples: 
                       intervals, ceiling)
 
 
-def _subset_or_all(count: int, rdm_samples: int | None, seed: int) -> np.ndarray:
+def _subset_or_all(count: int, rdm_samples: int | None, seed: int,
+                   rows: str = "matched stimuli") -> np.ndarray:
+    # the rdm_samples subset of count rows, said in the log when it leaves rows out
     positions = subset(count, rdm_samples, seed)
     if len(positions) < count:
-        log.info("rsa: RDMs of %d of the %d matched stimuli, drawn with seed=%d "
-                 "(rdm_samples=%d)", len(positions), count, seed, rdm_samples)
+        log.info("rsa: RDMs of %d of the %d %s, drawn with seed=%d (rdm_samples=%d)",
+                 len(positions), count, rows, seed, rdm_samples)
     return positions
 
 
