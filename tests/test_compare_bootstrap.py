@@ -6,6 +6,7 @@ fit."""
 from __future__ import annotations
 
 import csv
+import re
 
 import numpy as np
 import pytest
@@ -79,6 +80,9 @@ def test_grams_larger_than_the_budget_are_refused_in_one_line(files):
     with pytest.raises(ConfigError, match="Gram matrices of 40 rows") as raised:
         compare(*paths, metric="cka", bootstrap=5, memory_mb=0.05)
     assert "\n" not in str(raised.value)
+    # and the memory_mb it names is enough
+    enough = float(re.search(r"memory_mb=([0-9.e+-]+) or more", str(raised.value)).group(1))
+    assert compare(*paths, metric="cka", bootstrap=5, memory_mb=enough * 1.01).intervals
 
 
 def test_the_command_writes_the_interval_columns(files, tmp_path):

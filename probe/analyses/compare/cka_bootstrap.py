@@ -26,7 +26,7 @@ from probe.analyses.compare.cka import (
     each_block_pair,
     panel_rows,
 )
-from probe.analyses.stats import LIBRARIES, MIB, AlignedRows
+from probe.analyses.stats import LIBRARIES, AlignedRows, memory_mb_for
 from probe.errors import ConfigError
 
 __all__ = ["cka_intervals"]
@@ -48,8 +48,8 @@ def cka_intervals(reader: AlignedRows, left: Sequence[str], right: Sequence[str]
     grams_bytes = 8 * n * n * len(names)
     if grams_bytes > budget // 2:
         raise ConfigError(f"bootstrap of CKA holds the {len(names)} Gram matrices of {n} rows "
-                          f"at once, about {2 * grams_bytes / MIB:.0f} MiB with their work, "
-                          "more than memory_mb allows; raise memory_mb or compare fewer keys")
+                          f"at once, which needs memory_mb={memory_mb_for(2 * grams_bytes):.3g} "
+                          "or more; raise memory_mb or compare fewer keys")
     grams = _grams(reader, names, budget - grams_bytes)
     pairs = sorted({tuple(sorted((a, b))) for a in left for b in right}
                    | {(name, name) for name in names})
