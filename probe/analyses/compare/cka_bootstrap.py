@@ -24,6 +24,7 @@ from probe.analyses.compare.cka import (
     KernelSums,
     cka_from_sums,
     each_block_pair,
+    matmul,
     panel_rows,
 )
 from probe.analyses.stats import LIBRARIES, AlignedRows, memory_mb_for
@@ -50,10 +51,10 @@ def cka_intervals(reader: AlignedRows, left: Sequence[str], right: Sequence[str]
         raise ConfigError(f"bootstrap of CKA holds the {len(names)} Gram matrices of {n} rows "
                           f"at once, which needs memory_mb={memory_mb_for(2 * grams_bytes):.3g} "
                           "or more; raise memory_mb or compare fewer keys")
-    grams = _grams(reader, names, budget - grams_bytes)
+    room = budget - grams_bytes  # beside the Grams: the blocks of rows, then the draws' work
+    grams = _grams(reader, names, room)
     pairs = sorted({tuple(sorted((a, b))) for a in left for b in right}
                    | {(name, name) for name in names})
-    room = budget - grams_bytes
     # a batch of draws: its counts and every key's K c, (n, batch) each
     batch = max(1, min(samples, room // 2 // (8 * n * (len(names) + 1))))
     rows = max(1, min(n, room // 2 // (8 * (n + batch))))  # a block of K∘L and its product
@@ -80,7 +81,7 @@ def _grams(reader: AlignedRows, names: list[str], room: int) -> dict[str, torch.
     def visit(panel: tuple[int, int], block: tuple[int, int], zp, zb) -> None:
         (p0, p1), (b0, b1) = panel, block
         for name in names:
-            k = zp[name] @ zb[name].T
+            k = matmul(zp[name], zb[name].T)
             grams[name][p0:p1, b0:b1] = k
             grams[name][b0:b1, p0:p1] = k.T
 
