@@ -77,8 +77,8 @@ class FoldAccumulator:
             sums.sx += xf.sum(0)
             sums.sy += yf.sum(0)
             sums.syy += (yf * yf).sum(0)
-            sums.xx += xf.T @ xf
-            sums.xy += xf.T @ yf
+            sums.xx.addmm_(xf.T, xf)  # in place: no p x p product made and freed a block
+            sums.xy.addmm_(xf.T, yf)
 
 
 def _zeros(p: int, v: int, device) -> FoldSums:
