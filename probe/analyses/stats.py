@@ -6,7 +6,7 @@ the file in blocks of a memory budget, as float64 tensors on the analysis device
     rows_a, rows_b = match_index(f.index, g.index)   # the samples both hold, in f's order
     reader = AlignedRows({"a": (f, "fc/output"), "b": (g, "fc/output")},
                          {"a": rows_a, "b": rows_b}, device)
-    for start, stop in reader.blocks(["a", "b"], budget_bytes):
+    for start, stop in reader.blocks(["a", "b"], rows):
         x = reader.read(start, stop, ["a", "b"])      # {"a": (B, Da), "b": (B, Db)}, aligned
 
 Position k of every source is the same sample, so sums over positions are sums over samples.
@@ -29,15 +29,13 @@ from probe.file.read import FeatureFile
 from probe.pipeline.device import resolve_device
 
 __all__ = ["select_keys", "model_order", "match_index", "AlignedRows", "read_rows",
-           "row_width", "blocks_of", "budget_bytes", "analysis_device", "MIB", "LIBRARIES",
-           "memory_mb_for"]
+           "row_width", "blocks_of", "budget_bytes", "analysis_device", "MIB",
+           "working_budget", "memory_mb_for"]
 
 MIB = 1 << 20
 # what numpy's BLAS, torch and HDF5 allocate on their first use, outside the arrays that an
 # analysis counts (23 MiB measured): left out of a budget, at most a quarter of it
-LIBRARIES = 32 * MIB
-# float64 copies of a block, plus the float32 rows they came from and a span read around them
-_BYTES_PER_VALUE = 8 + 4 * 2
+_LIBRARIES = 32 * MIB
 
 
 def select_keys(f: FeatureFile, keys: Sequence[str] | str | None, *, name: str = "keys"
@@ -143,7 +141,7 @@ class AlignedRows:
 
         reader = AlignedRows({"a": (fa, "fc/output"), "b": (fb, "fc/output")},
                              {"a": rows_a, "b": rows_b}, torch.device("cpu"))
-        for start, stop in reader.blocks(["a", "b"], 64 << 20):
+        for start, stop in reader.blocks(["a", "b"], 4096):
             block = reader.read(start, stop, ["a", "b"])
 
     Each read opens its dataset afresh: an open h5py dataset keeps a chunk cache of its own,
@@ -172,17 +170,12 @@ class AlignedRows:
         return AlignedRows(self.sources, {name: rows[positions] for name, rows in
                                           self.rows.items()}, self.device)
 
-    def block_rows(self, names: Sequence[str], budget_bytes: int) -> int:
-        """Rows per block such that a block of ``names`` takes about ``budget_bytes``."""
-        row_bytes = _BYTES_PER_VALUE * sum(self.width(name) for name in names)
-        return max(1, min(self.num_rows, int(budget_bytes) // max(1, row_bytes)))
-
-    def blocks(self, names: Sequence[str], budget_bytes: int) -> list[tuple[int, int]]:
-        """``(start, stop)`` ranges of positions, each read within ``budget_bytes``: whole
-        chunks of the first source where the budget holds at least one."""
-        rows = self.block_rows(names, budget_bytes)
+    def blocks(self, names: Sequence[str], rows: int) -> list[tuple[int, int]]:
+        """``(start, stop)`` ranges of at most ``rows`` positions: whole chunks of the first
+        source where ``rows`` holds at least one."""
         chunks = getattr(self.dataset(names[0]), "chunks", None)
         chunk = chunks[0] if chunks else 1
+        rows = max(1, min(rows, self.num_rows))
         if rows >= chunk:
             rows -= rows % chunk
         return list(blocks_of(self.num_rows, rows))
@@ -227,7 +220,13 @@ def budget_bytes(memory_mb: float, *, option: str = "memory_mb") -> int:
     return int(float(memory_mb) * MIB)
 
 
+def working_budget(budget: int) -> int:
+    """What an analysis may hold of ``budget`` bytes: less what the libraries allocate on
+    their own (32 MiB, at most a quarter of the budget)."""
+    return budget - min(_LIBRARIES, budget // 4)
+
+
 def memory_mb_for(need: int) -> float:
-    """The smallest ``memory_mb`` that holds ``need`` bytes once ``LIBRARIES`` is left out of
-    it (a quarter of the budget, at most 32 MiB): for the one-line errors."""
-    return min(need * 4 / 3, need + LIBRARIES) / MIB
+    """The smallest ``memory_mb`` whose ``working_budget`` holds ``need`` bytes: for the
+    one-line errors."""
+    return min(need * 4 / 3, need + _LIBRARIES) / MIB

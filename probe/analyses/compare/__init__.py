@@ -45,12 +45,12 @@ from probe.analyses.compare.pairing import Pairing, pair_rows
 from probe.analyses.compare.rsa import ranked, rdm_upper, spearman_matrix, subset, upper_ranks
 from probe.analyses.compare.rsa import rdm as model_rdm
 from probe.analyses.stats import (
-    LIBRARIES,
     AlignedRows,
     analysis_device,
     budget_bytes,
     match_index,
     select_keys,
+    working_budget,
 )
 from probe.analyses.tables import aligned, beside, write_csv, writing
 from probe.errors import ConfigError, DataError, OutputError
@@ -259,7 +259,7 @@ def _rsa(reader: AlignedRows, left: list[str], right: list[str], pairing: Pairin
         room = len(right) + 1
         slots = torch.empty(room, n * (n - 1) // 2, dtype=torch.float64, device=sub.device)
     # each RDM is made in what the kept ranks and the libraries' own buffers leave
-    rdm_budget = budget - room * triangle - min(LIBRARIES, budget // 4)
+    rdm_budget = working_budget(budget) - room * triangle
     writer = _RdmWriter(rdms, fa, fb, pairing.index[positions], sub.rows) if rdms else None
     kept: dict = {}  # bootstrap: every RDM, (1, N, N)
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from probe.analyses.stats import LIBRARIES, MIB, AlignedRows, blocks_of, read_rows
+from probe.analyses.stats import MIB, AlignedRows, blocks_of, read_rows, working_budget
 from probe.errors import ConfigError
 
 __all__ = ["KernelSums", "hsic", "cka_from_sums", "cka_matrix", "plan", "each_block_pair",
@@ -204,7 +204,7 @@ def cka_matrix(reader: AlignedRows, left: Sequence[str], right: Sequence[str], *
     Raises:
         ConfigError: too few samples for the estimator, or see ``plan``.
     """
-    budget -= min(LIBRARIES, budget // 4)
+    budget = working_budget(budget)
     need = 4 if debiased else 2
     if reader.num_rows < need:
         raise ConfigError(f"{'cka_debiased' if debiased else 'cka'} needs at least {need} "
@@ -262,7 +262,7 @@ def _feature_sums(reader: AlignedRows, pairs: set[Pair], budget: int) -> dict[Pa
         # a block in float64, and the stored rows of its widest source as they are read (see
         # panel_rows)
         row = 8 * sum(widths[name] for name in names) + 16 * max(widths[name] for name in names)
-        blocks = _blocks(reader, names, max(1, room // row))
+        blocks = reader.blocks(names, max(1, room // row))
         source = BlockReader(reader, names, max(b - a for a, b in blocks), {})
         for start, stop in blocks:
             state.add(source.read(start, stop))
@@ -280,16 +280,6 @@ def _feature_passes(widths: dict[str, int], pairs: list[Pair], budget: int
         else:
             passes.append([pair])
     return passes
-
-
-def _blocks(reader: AlignedRows, names: Sequence[str], rows: int) -> list[tuple[int, int]]:
-    # whole chunks of the first source where a block holds at least one
-    chunks = getattr(reader.dataset(names[0]), "chunks", None)
-    chunk = chunks[0] if chunks else 1
-    rows = max(1, min(rows, reader.num_rows))
-    if rows >= chunk:
-        rows -= rows % chunk
-    return list(blocks_of(reader.num_rows, rows))
 
 
 class _FeaturePass:

@@ -27,7 +27,7 @@ from probe.analyses.compare.cka import (
     matmul,
     panel_rows,
 )
-from probe.analyses.stats import LIBRARIES, AlignedRows, memory_mb_for
+from probe.analyses.stats import AlignedRows, memory_mb_for, working_budget
 from probe.errors import ConfigError
 
 __all__ = ["cka_intervals"]
@@ -43,7 +43,7 @@ def cka_intervals(reader: AlignedRows, left: Sequence[str], right: Sequence[str]
     Raises:
         ConfigError: the Gram matrices of every key do not fit in ``budget``.
     """
-    budget -= min(LIBRARIES, budget // 4)
+    budget = working_budget(budget)
     n = reader.num_rows
     names = list(dict.fromkeys([*left, *right]))
     grams_bytes = 8 * n * n * len(names)

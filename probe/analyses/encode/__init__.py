@@ -54,13 +54,13 @@ from probe.analyses.encode.ridge import (
 )
 from probe.analyses.encode.targets import Targets, open_targets
 from probe.analyses.stats import (
-    LIBRARIES,
     analysis_device,
     blocks_of,
     budget_bytes,
     memory_mb_for,
     row_width,
     select_keys,
+    working_budget,
 )
 from probe.analyses.tables import aligned, beside, write_csv, writing
 from probe.errors import ConfigError
@@ -132,8 +132,7 @@ def encode(path: str | Path, targets: str | Path | None, keys: list[str] | None 
                           "use solver=streamed")
     delays = None if delays is None else checked_delays(delays)
     timing = _checked_timing(tr, onsets)
-    budget = budget_bytes(memory_mb)
-    budget -= min(LIBRARIES, budget // 4)
+    budget = working_budget(budget_bytes(memory_mb))
     torch_device = analysis_device(device)
     with ExitStack() as stack:
         f = stack.enter_context(open_checked(path))
