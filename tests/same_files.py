@@ -104,11 +104,19 @@ CASES: dict[str, Callable[[Path], list[str]]] = {
 
 
 def run_case(name: str, tmp: Path) -> Path:
-    """Run case ``name`` with inputs made in ``tmp``; the path of its file."""
+    """Run case ``name`` with inputs made in ``tmp``, on one thread (a sum over several
+    threads adds in another order); the path of its file."""
+    import torch
+
     import probe
     from tests.conftest import compose_cfg
 
-    return probe.run(compose_cfg(*CASES[name](tmp), output=tmp / f"{name}.h5"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return probe.run(compose_cfg(*CASES[name](tmp), output=tmp / f"{name}.h5"))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def snapshot(path: Path, tmp: Path) -> tuple[dict[str, np.ndarray], dict]:
