@@ -106,7 +106,7 @@ def main() -> None:
     from transformers import AutoModel
 
     from probe.families import family_for
-    from probe.pipeline.build import build_dataset
+    from probe.families.build import build_dataset
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

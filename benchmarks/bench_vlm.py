@@ -140,7 +140,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     from transformers import AutoModelForImageTextToText
 
-    from probe.pipeline.build import build_dataset
+    from probe.families.build import build_dataset
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

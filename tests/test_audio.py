@@ -535,13 +535,14 @@ def test_a_bfloat16_model_reads_the_float32_features(make_cfg, wav2vec2, clips, 
 @pytest.mark.parametrize("how", ["all", "first", "last", "mean"])
 def test_positions_of_a_sample_over_several_rows_pool_as_one(how):
     from probe.config.schema import Tokens
-    from probe.data.layouts import Pieces
+    from probe.data.layouts import POSITIONS_FIRST, Pieces
 
     value = torch.randn(5, 6, 3, generator=torch.Generator().manual_seed(0))
     keep = torch.rand(5, 6, generator=torch.Generator().manual_seed(1)) > 0.3
     keep[:, 0] = True
     row_sample = torch.tensor([0, 0, 1, 2, 2])  # sample 0 and 2 span two rows each
-    got = Pieces(keep, piece_sample=row_sample).select(value, Tokens[how])
+    got = Pieces(keep, piece_sample=row_sample).select("x/output", value, POSITIONS_FIRST,
+                                                       Tokens[how])
     per_sample = [torch.cat([value[r][keep[r]] for r in range(5) if row_sample[r] == s])
                   for s in range(3)]
     want = {"all": torch.cat(per_sample), "first": torch.stack([p[0] for p in per_sample]),

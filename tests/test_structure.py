@@ -1,5 +1,6 @@
-"""The shape of the house: floors of folders that import only the floors below them, thin entry
-points, no import cycle, each default in one home, and the file format's names declared once."""
+"""The shape of the house: floors of folders that form a tree (each imports only the floors its
+row of the table allows), thin entry points, no import cycle, each default in one home, and
+the file format's names declared once."""
 
 from __future__ import annotations
 
@@ -16,9 +17,24 @@ from probe.config.schema import NEUTRAL_KEYS
 from tests.conftest import REPO
 
 PACKAGE = REPO / "probe"
-# the floors, lowest first: a module imports its own floor and those below it, never above
-FLOORS = ["errors", "version", "config", "file", "data", "families", "pipeline", "analyses",
-          "commands"]
+_BASE = {"errors", "version"}
+# Each floor and the floors it may import besides its own: a tree, not a line. The file format
+# owns the names it writes (the config imports them); the run (pipeline) and the analyses
+# stand side by side on the base and the model families, and neither imports the other (the
+# analyses rebuild a run's dataset as its family prepares it: Grad-CAM's images); the
+# commands stand on everything.
+ALLOWED = {
+    "errors": set(),
+    "version": set(),
+    "file": _BASE,
+    "config": _BASE | {"file"},
+    "data": _BASE | {"config", "file"},
+    "families": _BASE | {"config", "file", "data"},
+    "pipeline": _BASE | {"config", "file", "data", "families"},
+    "analyses": _BASE | {"config", "file", "data", "families"},
+    "commands": _BASE | {"config", "file", "data", "families", "pipeline", "analyses"},
+}
+FLOORS = list(ALLOWED)
 # what python -m probe.<command> runs; each only calls into probe.commands
 ENTRY_POINTS = {"__main__", "layers", "merge", "fit", "gradcam", "compare", "encode",
                 "export"}
@@ -62,13 +78,21 @@ def test_the_package_shows_its_floors():
 
 
 @pytest.mark.parametrize("path", list(MODULES), ids=list(MODULES.values()))
-def test_a_floor_imports_only_the_floors_below_it(path):
+def test_a_floor_imports_only_the_floors_its_row_allows(path):
     own = _floor(MODULES[path])
     if own in ("entry", "__init__"):
         return
-    above = [m for m in _imports(path) if _floor(m) not in ("__init__",)
-             and FLOORS.index(_floor(m)) > FLOORS.index(own)]
-    assert not above, f"{MODULES[path]} (floor {own}) imports {sorted(above)}"
+    refused = [m for m in _imports(path) if _floor(m) not in ("__init__", own)
+               and _floor(m) not in ALLOWED[own]]
+    assert not refused, f"{MODULES[path]} (floor {own}) imports {sorted(refused)}"
+
+
+def test_the_run_and_the_analyses_stand_side_by_side_and_the_file_below_the_config():
+    # the table says it; this says it outright, as the promise it is
+    assert "pipeline" not in ALLOWED["analyses"] and "analyses" not in ALLOWED["pipeline"]
+    assert "config" not in ALLOWED["file"]
+    for floor, allowed in ALLOWED.items():  # a tree: no floor reaches one that reaches it
+        assert all(floor not in ALLOWED[other] for other in allowed), floor
 
 
 def test_the_import_graph_has_no_cycles():

@@ -22,11 +22,10 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from probe.config.schema import HOOK_OF_KIND
+from probe.config.device import resolve_device
 from probe.errors import ConfigError, DataError
-from probe.file.format import Attr, split_key
+from probe.file.format import KINDS, Attr, split_key
 from probe.file.read import FeatureFile
-from probe.pipeline.device import resolve_device
 
 __all__ = ["select_keys", "model_order", "match_index", "AlignedRows", "read_rows",
            "row_width", "blocks_of", "budget_bytes", "analysis_device", "MIB",
@@ -75,7 +74,7 @@ def model_order(f: FeatureFile):
     """A sort key: layers as the run's ``layers`` attr lists them (HDF5 lists groups
     alphabetically), outputs before gradients."""
     layers = [str(name) for name in f.attrs.get(Attr.LAYERS, [])]
-    kinds = list(HOOK_OF_KIND)
+    kinds = list(KINDS)
 
     def position(key: str) -> tuple[int, int, str]:
         layer, kind = split_key(key)

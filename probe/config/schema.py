@@ -2,13 +2,13 @@
 default: ``conf/config.yaml`` picks the groups and sets Hydra's options, the values are here.
 
 A mistyped key or a value of the wrong type fails at composition with Hydra's own message; a key
-added with ``+`` is refused by ``check_known_keys``. Nothing here imports Hydra: reading a file
-needs ``differing_keys``, not a composer (probe.config.compose registers the schema).
+added with ``+`` is refused by ``check_known_keys``. Nothing here imports Hydra
+(probe.config.compose registers the schema). Which keys change what a file stores is the file
+format's to say (probe.file.recorded): they are imported from there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, TypeVar
@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 from omegaconf import MISSING
 
 from probe.errors import ConfigError
+from probe.file.recorded import MOVED_TARGETS, NEUTRAL_KEYS, differing_keys
 
 __all__ = [
-    "Hook",
     "Reduce",
     "Dtype",
     "Tokens",
@@ -31,31 +31,7 @@ __all__ = [
     "differing_keys",
     "member",
     "MOVED_TARGETS",
-    "HOOK_OF_KIND",
 ]
-
-
-class Hook(str, Enum):
-    """What a hook captures (the member's name, as the config says it) and the kind of dataset
-    it writes under ``<layer>/`` (the member's value)."""
-
-    forward = "output"
-    forward_pre = "input"
-    backward = "grad_output"
-    backward_input = "grad_input"
-    # an attention module's post-softmax weights per head (the module alone runs eager)
-    attention = "attention"
-
-    @property
-    def kind(self) -> str:
-        return self.value
-
-    @property
-    def needs_grad(self) -> bool:
-        return self in (Hook.backward, Hook.backward_input)
-
-
-HOOK_OF_KIND = {hook.kind: hook for hook in Hook}
 
 
 class Reduce(str, Enum):
@@ -187,8 +163,9 @@ class ProbeConfig:
     dataset: Any = MISSING
     # module paths as model.named_modules() names them; shell-style globs allowed
     layers: list[str] = field(default_factory=list)
-    # what to capture at each layer
-    hooks: list[Hook] = field(default_factory=lambda: [Hook.forward])
+    # what to capture at each layer, by capture kind (probe.pipeline.kinds): forward,
+    # forward_pre, backward, backward_input, attention, or a kind registered there
+    hooks: list[str] = field(default_factory=lambda: ["forward"])
     # the scalar per sample that backward hooks differentiate: top1, target, nll, similarity
     # (the model's family says which it gives) or a `_target_`
     objective: Any = "top1"
@@ -228,60 +205,6 @@ class ProbeConfig:
     output: OutputConfig = field(default_factory=OutputConfig)
 
     @property
-    def needs_grad(self) -> bool:
-        """Whether a hook asks for gradients."""
-        return any(Hook(hook).needs_grad for hook in self.hooks)
-
-    @property
     def skip_bad(self) -> bool:
         """Whether samples that cannot be loaded are left out (``dataset.on_error=skip``)."""
         return str((self.dataset or {}).get("on_error", "raise")) == "skip"
-
-
-# Keys that do not change what is stored: a run may resume, or find its finished file, with other
-# values of these. conf/config.yaml leaves the same keys out of the run folder's name (a test
-# holds the two lists equal).
-NEUTRAL_KEYS = ("batch_size", "batch_tokens", "bucket_by_length", "num_workers", "device",
-                "stop_early", "output.path",
-                "output.overwrite", "output.commit_every", "output.commit_seconds",
-                "output.check_free_space", "output.file_locking")
-
-
-# factories that moved in 0.2 (the floors of folders), by their old names: a file that an
-# earlier version started records them, and resumes under the new ones
-MOVED_TARGETS = {
-    "probe.data.SyntheticImages": "probe.data.images.SyntheticImages",
-    "probe.data.image_folder": "probe.data.images.image_folder",
-    "probe.data.cifar10": "probe.data.images.cifar10",
-    "probe.text.data.TextDataset": "probe.data.text.corpus.TextDataset",
-    "probe.text.ids.TokenIds": "probe.data.tokens.TokenIds",
-    "probe.audio.data.AudioDataset": "probe.data.audio.clips.AudioDataset",
-    "probe.feeds.pairs.PairsDataset": "probe.data.pairs.PairsDataset",
-}
-
-
-# keys added after 0.2, with the default that a config written before them meant
-ADDED_KEYS = {"generate.max_new_tokens": 0, "generate.do_sample": False,
-              "generate.temperature": None, "generate.top_p": None,
-              "generate.stop_at_eos": True, "generate.rows": "all"}
-
-
-def differing_keys(a: Mapping, b: Mapping, ignore: tuple[str, ...] = NEUTRAL_KEYS) -> list[str]:
-    """Dotted keys whose values differ between two configs, leaving out ``ignore`` (a factory
-    named by its name before it moved is the same factory; a key that one config predates
-    holds its default there)."""
-    flat_a, flat_b = _flatten(a), _flatten(b)
-    keys = sorted(set(flat_a) | set(flat_b))
-    return [k for k in keys if k not in ignore
-            and flat_a.get(k, ADDED_KEYS.get(k)) != flat_b.get(k, ADDED_KEYS.get(k))]
-
-
-def _flatten(node: Mapping, prefix: str = "") -> dict:
-    flat: dict = {}
-    for key, value in node.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(_flatten(value, name + "."))
-        else:
-            flat[name] = MOVED_TARGETS.get(value, value) if key == "_target_" else value
-    return flat

@@ -72,10 +72,11 @@ class Batch:
         return len(self.index)
 
     def to(self, device: torch.device) -> Batch:
-        """The model's inputs and the layout on ``device``; bookkeeping stays."""
+        """The model's inputs on ``device``; the layout and the bookkeeping stay (a layout
+        moves what it reads to the device of the values it selects from)."""
         inputs = ({k: v.to(device, non_blocking=True) for k, v in self.inputs.items()}
                   if isinstance(self.inputs, dict) else self.inputs.to(device, non_blocking=True))
-        return replace(self, inputs=inputs, layout=self.layout.to(device))
+        return replace(self, inputs=inputs)
 
     def pin_memory(self) -> Batch:
         # called by DataLoader(pin_memory=True) on each batch

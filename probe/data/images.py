@@ -70,7 +70,7 @@ def image_folder(root: str, image_size: int = 224,
         image_size: the crop of the ImageNet evaluation transform.
         transform: ``auto`` or ``imagenet`` (the ImageNet evaluation transform at
             ``image_size``), or a transform (``dataset.transform=auto`` with a model that has
-            its own preprocessing: probe.pipeline.build passes that model's).
+            its own preprocessing: probe.families.build passes that model's).
 
     Raises:
         DataError: root does not exist or holds no images in class subfolders.

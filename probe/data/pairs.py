@@ -142,10 +142,10 @@ class PairsDataset(Dataset):
         path: the csv or jsonl file.
         image_column: the column of image files, relative to the file's folder or absolute.
         text_column: the column of captions.
-        transform: the image preprocessing of a two-tower model (probe.pipeline.build passes
+        transform: the image preprocessing of a two-tower model (probe.families.build passes
             the model's own for ``auto``); ``imagenet``: the ImageNet evaluation transform at
             ``image_size``. A vision-language model's processor prepares its images itself.
-        tokenizer: the model's own text encoding, passed by probe.pipeline.build for ``auto``:
+        tokenizer: the model's own text encoding, passed by probe.families.build for ``auto``:
             captions -> (ids, attention mask) at one length (a two-tower model's), or a
             ``PairEncoder`` (a vision-language model's processor).
         image_size: the crop of the ImageNet transform.

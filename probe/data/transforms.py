@@ -63,7 +63,7 @@ def imagenet_transform(image_size: int = 224):
 
 
 def resolve_transform(transform: str | Callable, default: Callable[[], Callable]) -> Callable:
-    # a transform object from probe.pipeline.build, or the dataset's own for auto and imagenet
+    # a transform object from probe.families.build, or the dataset's own for auto and imagenet
     if callable(transform):
         return transform
     if str(transform) not in ("auto", "imagenet"):

@@ -211,7 +211,7 @@ def image_text_layout(model: nn.Module, batch: Batch) -> ImageText:
     """The rows of a vision-language batch (see the module's docstring): the feed's positions
     with each one's modality and patch place, and the layouts of the vision tower and the
     projector."""
-    text = batch.layout.sequence
+    text = batch.layout  # the processor's positions (probe.data.layouts.Positions)
     ids, keep = batch.inputs["input_ids"].cpu(), text.keep.cpu()
     image = ids == _image_token(model.config)
     places = _places(image, _grids(model.config, batch.inputs, int(image.sum())))

@@ -26,12 +26,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from probe.config.schema import HOOK_OF_KIND, Hook
-
 __all__ = [
     "INDEX", "TARGET", "OFFSETS", "INPUT_IDS", "POSITIONS", "DOCUMENT", "FILE", "SKIPPED",
     "CAPTION", "TRANSCRIPT", "GENERATED", "COMPLETION", "MODALITY", "PATCH", "VALUE_NAMES",
-    "ROWS_PER_POSITION", "Hook", "HOOK_OF_KIND", "Attr",
+    "ROWS_PER_POSITION", "KINDS", "Attr",
     "DatasetSpec", "FileState", "dataset_key", "split_key", "call_key", "parse_kind",
     "dataset_names", "partial_path", "creating_path", "read_state",
 ]
@@ -53,6 +51,12 @@ PATCH = "patch"  # vision-language models: an image row's (row, column) on its p
 # the name of each value of a bookkeeping dataset of codes, by value (its attr Attr.VALUES)
 VALUE_NAMES = {MODALITY: ("text", "image")}
 ROWS_PER_POSITION = "token"  # the rows attr of a dataset with one row per stored position
+# The kinds of value a run stores under <layer>/, each by the name that asks for it in
+# hooks=, in the order readers list them: the built-in capture kinds (probe.pipeline.kinds,
+# where others may be registered). A kind's name never ends in _<digits>, which numbers a
+# module's later calls in one forward pass.
+KINDS = {"output": "forward", "input": "forward_pre", "grad_output": "backward",
+         "grad_input": "backward_input", "attention": "attention"}
 
 
 class Attr:
@@ -112,7 +116,7 @@ def call_key(layer: str, kind: str, call: int = 0) -> str:
 def parse_kind(kind: str) -> tuple[str, int]:
     """``output_1`` as (``output``, 1); a kind without a call suffix is call 0."""
     base, _, call = kind.rpartition("_")
-    if kind not in HOOK_OF_KIND and base in HOOK_OF_KIND and call.isdigit():
+    if base and call.isdigit():
         return base, int(call)
     return kind, 0
 

@@ -30,7 +30,6 @@ import h5py
 import numpy as np
 import yaml
 
-from probe.config.schema import differing_keys
 from probe.errors import OutputError
 from probe.file.format import (
     FILE,
@@ -43,6 +42,7 @@ from probe.file.format import (
     partial_path,
     read_state,
 )
+from probe.file.recorded import differing_keys
 from probe.file.store import chunk_shape, filter_options
 
 __all__ = ["merge", "missing_value", "ShardsMissing"]

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import yaml
 
-from probe.config.schema import differing_keys
 from probe.errors import ConfigError, OutputError
 from probe.file.format import FileState, creating_path, partial_path, read_state
 from probe.file.partial import open_for_reading
+from probe.file.recorded import differing_keys
 from probe.file.sizes import human_bytes
 
 __all__ = ["output_path", "file_locking", "check_writable", "existing_run", "check_free_space",

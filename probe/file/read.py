@@ -16,10 +16,10 @@ import h5py
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from probe.config.schema import HOOK_OF_KIND
 from probe.errors import ConfigError, DataError, OutputError
 from probe.file.format import (
     INDEX,
+    KINDS,
     OFFSETS,
     ROWS_PER_POSITION,
     TARGET,
@@ -171,9 +171,9 @@ class FeatureFile(Mapping):
         layer, kind = split_key(key)
         hooks = [str(h) for h in self._file.attrs.get(Attr.HOOKS, [])]
         layers = [str(name) for name in self._file.attrs.get(Attr.LAYERS, self.layers)]
-        if kind in HOOK_OF_KIND and layer:
-            wanted = {*hooks, HOOK_OF_KIND[kind].name}
-            hooks = [h.name for h in HOOK_OF_KIND.values() if h.name in wanted]
+        if kind in KINDS and layer:
+            wanted = {*hooks, KINDS[kind]}
+            hooks = [hook for hook in KINDS.values() if hook in wanted]
             layers = list(dict.fromkeys([*layers, layer]))
             fix = (f"run probe with 'layers=[{','.join(layers)}]' 'hooks=[{','.join(hooks)}]' "
                    "to store it")

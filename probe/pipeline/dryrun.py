@@ -2,9 +2,10 @@
 file exists.
 
 It finds the shape of every captured tensor, how often each hooked module runs per forward
-pass, which captured tensors follow the batch's row layout (probe.data.layouts: their second
-axis is the layout's positions in every dry batch), layers that do not run, and a model that
-fails on the data, which it reports in one line naming the module.
+pass, where each value sat in a module's tuple, which values follow the batch's row layout
+(probe.data.layouts: the axis their capture kind runs along positions is the layout's
+positions in every dry batch), layers that do not run, and a model that fails on the data,
+which it reports in one line naming the module.
 """
 
 from __future__ import annotations
@@ -15,18 +16,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from probe.config.schema import Hook
 from probe.data.feed import Batch
-from probe.data.layouts import SAMPLE_ROWS, RowLayout
+from probe.data.layouts import SAMPLE_ROWS, Axes, RowLayout
 from probe.errors import ConfigError, ProbeError
-from probe.file.format import call_key, parse_kind, split_key
+from probe.file.format import parse_kind, split_key
 from probe.pipeline.hooks import Capture, StopForward
 
 __all__ = ["DryRun", "dry_run"]
-
-# the forward hook whose value has the shape of each kind (gradients have their tensor's shape)
-_SHAPE_SOURCE = {"output": "forward", "grad_output": "forward", "input": "forward_pre",
-                 "grad_input": "forward_pre", "attention": "attention"}
 
 
 @dataclass
@@ -34,38 +30,38 @@ class DryRun:
     """What one sample showed about each key the capture fills."""
 
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # batch axis first
-    follows: set[str] = field(default_factory=set)  # keys whose tensors follow the layout
+    axes: dict[str, Axes] = field(default_factory=dict)  # as each key's capture kind says
+    follows: set[str] = field(default_factory=set)  # keys whose values follow the layout
     layout: RowLayout = SAMPLE_ROWS  # the first dry batch's row layout
-    patterns: set[str] = field(default_factory=set)  # attention patterns: the layout stores them
+    calls: dict[str, int] = field(default_factory=dict)  # runs of each module per pass
+    where: dict[str, int | str] = field(default_factory=dict)  # tuple positions, keywords
 
     @property
     def plain(self) -> list[str]:
-        """The keys that follow no layout, nor are patterns: stored a row per sample."""
-        return [key for key in self.shapes if key not in self.follows | self.patterns]
+        """The keys that follow no layout: stored a row per sample."""
+        return [key for key in self.shapes if key not in self.follows]
 
 
 def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.device,
             objective=None) -> DryRun:
     """The raw shape of every key ``capture`` fills, from ``batches`` (one sample each; a feed
-    of sequences gives two of different lengths). Sets ``capture.calls`` (how often each
-    hooked module runs per forward pass) and ``capture.tuple_positions``. ``objective``, for
-    a gradient run, is checked on the model's output.
+    of sequences gives two of different lengths), and what the capture is to be armed with.
+    ``objective``, for a gradient run, is checked on the model's output.
 
     Raises:
         ConfigError: a layer that does not run, a model that fails on the sample (naming the
             module), an objective that does not fit the output.
     """
-    kinds = sorted({_SHAPE_SOURCE[hook.kind] for hook in capture.hooks})
     shapes: list[dict[str, tuple[int, ...]]] = []
     layouts: list[RowLayout] = []
+    found = DryRun()
     for n, batch in enumerate(batches):
         # The first pass runs the whole model and counts how often each hooked module runs;
         # later ones only need the hooked modules' shapes.
-        dry = Capture(capture.model, capture.layers, kinds, dtype=capture.dtype,
-                      stop_early=n > 0, calls=capture.calls if n > 0 else None,
-                      patterns=capture.patterns)
+        dry = Capture(capture.model, capture.layers, capture.kinds, dtype=capture.dtype,
+                      stop_early=n > 0, family=family, dry=True)
         if n > 0:
-            dry.arm()
+            dry.arm(found.calls, found.where)
         on_device = batch.to(device)
         layouts.append(family.layout(capture.model, on_device))
         if n == 0:  # what the layout cannot store says so before the model fails on it
@@ -76,22 +72,15 @@ def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.
                 objective(output, on_device)
         shapes.append({key: tuple(value.shape) for key, value in dry.take().items()})
         if n == 0:
-            capture.calls = dry.calls
-            capture.tuple_positions.update(dry.tuple_positions)
-    found = DryRun(layout=layouts[0])
-    for key in capture.keys:
-        layer, kind = split_key(key)
-        kind, call = parse_kind(kind)
-        source = call_key(layer, kind.removeprefix("grad_"), call)
-        found.shapes[key] = shapes[0][source]
-        if kind == Hook.attention.kind:  # stored by the layout's own rule for patterns
-            found.patterns.add(key)
-            continue
-        if source in capture.tuple_positions:
-            capture.tuple_positions[key] = capture.tuple_positions[source]
+            found.calls, found.where, keys = dict(dry.calls), dict(dry.where), dry.keys
+    found.layout = layouts[0]
+    kinds = {kind.kind: kind for kind in capture.kinds}
+    for key in keys:
+        found.shapes[key] = shapes[0][key]
+        found.axes[key] = axes = kinds[parse_kind(split_key(key)[1])[0]].axes
         # an axis that follows the layout in every dry batch (whose lengths differ) is its own
-        if all(layout.rows_for(layer).follows(s[source])
-               for s, layout in zip(shapes, layouts, strict=True)):
+        if all(layout.follows(key, s[key], axes) for s, layout in zip(shapes, layouts,
+                                                                       strict=True)):
             found.follows.add(key)
     return found
 

@@ -28,6 +28,7 @@ from probe.file.partial import recover
 from probe.file.sizes import human_bytes
 from probe.file.store import Store
 from probe.file.writer import BackgroundWriter, WriteFailed
+from probe.pipeline.batch_rows import Computed
 from probe.pipeline.plan import Plan, plan
 
 __all__ = ["run", "execute", "StopRequest"]
@@ -181,7 +182,7 @@ def _disk_full_error(plan: Plan, store: Store | None) -> OutputError:
 def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> int:
     """The main loop: one forward (and backward) per batch, captures handed to the writer.
     Returns the units of progress (samples, or positions) it computed."""
-    capture, feed = plan.capture, plan.feed
+    feed = plan.feed
     total = feed.units(plan.dataset, plan.selection)  # None where not known before the end
     done = (0 if total is None else
             feed.units(plan.dataset, plan.selection[:plan.resume_from]))
@@ -191,14 +192,11 @@ def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> in
     with tqdm(total=total, initial=done, unit=feed.unit, unit_scale=True, dynamic_ncols=True,
               mininterval=1.0, desc="probe") as bar:
         for batch in loader:
-            values, lengths = {}, None  # every sample of a batch may have been left out
-            if len(batch):
-                computed = plan.compute(batch.to(plan.device))
-                values = {**capture.take(), **computed.layout.bookkeeping_rows,
-                          **computed.sample_rows}
-                lengths = computed.layout.lengths
-            writer.put(batch.index, batch.target, values, ready=capture.copied,
-                       lengths=lengths, ends_group=batch.ends_group, skipped=batch.skipped)
+            # every sample of a batch may have been left out
+            computed = plan.compute(batch.to(plan.device)) if len(batch) else Computed({})
+            writer.put(batch.index, batch.target, computed.rows, ready=computed.ready,
+                       lengths=computed.lengths, ends_group=batch.ends_group,
+                       skipped=batch.skipped)
             units += feed.count(batch) if len(batch) else 0
             bar.update(feed.count(batch) if len(batch) else 0)
             bar.set_postfix_str(f"{human_bytes(writer.store.bytes_written)} written",

@@ -40,6 +40,7 @@ from probe.file.format import (
     DatasetSpec,
     split_key,
 )
+from probe.pipeline.batch_rows import BatchRows, Computed
 from probe.pipeline.hooks import Capture
 
 __all__ = ["GenerationPass"]
@@ -63,25 +64,35 @@ class GenerationPass:
     # module would otherwise see the last position alone (a language-model head)
     all_logits: bool = False
 
-    def __call__(self, batch: Batch, most: int | None = None) -> Batch:
-        prompts = self.family.layout(self.model, batch)
-        inputs, keep = _padded_left(batch.inputs, prompts.sequence.keep)
-        ids, mask = inputs["input_ids"], inputs["attention_mask"]
-        settings = (self.settings if most is None else
-                    replace(self.settings, max_new_tokens=most))
-        with self._seeded(batch), torch.inference_mode(), self.capture.joined():
-            answers = self.family.generate(self.model, inputs, settings,
-                                           all_logits=self.all_logits)
-        layout = prompts.with_sequence(self._answered(answers, mask, keep, prompts.sequence))
-        self.capture.layout = layout
-        new = answers.sequences[:, ids.shape[1]:].tolist()
+    def __call__(self, batch: Batch) -> Computed:
+        rows, layout, answers, prompt = self._answered_batch(batch)
+        new = answers.sequences[:, prompt:].tolist()
         texts = self.detokenize([row[:n] for row, n in zip(new, answers.new.tolist(),
                                                             strict=True)])
         # HDF5's strings end at a NUL, which a byte-level tokenizer can decode to: it is
         # stored as U+FFFD, as undecodable bytes are (the ids, in /input_ids, are exact)
         texts = [text.replace("\0", "\ufffd") for text in texts]
-        return replace(batch, layout=layout, sample_rows={
-            **batch.sample_rows, COMPLETION: np.array(texts, dtype=object)})
+        stored = {**rows.take(layout, order=self.capture.keys), **layout.bookkeeping_rows,
+                  **batch.sample_rows, COMPLETION: np.array(texts, dtype=object)}
+        return Computed(stored, layout.lengths, rows.ready)
+
+    def _answered_batch(self, batch: Batch, most: int | None = None
+                        ) -> tuple[BatchRows, RowLayout, Answers, int]:
+        """The batch's prompts answered (``most`` new tokens at most, where given), the hooks
+        on through every step: the rows of the steps, to be joined; the layout of the whole
+        sequences; the answers; the prompts' padded length. The prompts are the feed's
+        positions (``rows`` refused a run without)."""
+        ids = batch.inputs["input_ids"]
+        inputs, keep = _padded_left(batch.inputs, batch.layout.keep.to(ids.device))
+        mask = inputs["attention_mask"]
+        settings = (self.settings if most is None else
+                    replace(self.settings, max_new_tokens=most))
+        with self._seeded(batch), torch.inference_mode(), self.capture.batch() as rows:
+            answers = self.family.generate(self.model, inputs, settings,
+                                           all_logits=self.all_logits)
+        layout = self.family.layout(self.model, batch).with_positions(
+            lambda prompts: self._answered(answers, mask, keep, prompts))
+        return rows, layout, answers, ids.shape[1]
 
     def rehearse(self, batch: Batch) -> None:
         """Answer the dry run's sample (a few tokens) before any file exists: a model that
@@ -95,40 +106,40 @@ class GenerationPass:
         with self.capture:
             for all_logits in (False, True):
                 self.all_logits = all_logits
-                layout = self(batch, most=_REHEARSED_TOKENS).layout
-                length = layout.length
-                # the keys of the language model's positions (a vision tower runs once, on
-                # the prompt's images, and keeps its own rows)
-                short = {key: shape[1] for key, shape in self.capture.joined_shapes.items()
-                         if layout.rows_for(split_key(key)[0]).sequence is not None
-                         and shape[1] != length}
+                rows, layout, answers, _ = self._answered_batch(batch, most=_REHEARSED_TOKENS)
+                # the keys of the sequence's positions (a vision tower runs once, on the
+                # prompt's images, and keeps its own rows)
+                short = rows.mismatched(layout)
                 if not short:
-                    self.capture.take()
+                    rows.take(layout)
                     log.info("generate: up to %d new tokens per prompt, %s; rows: %s%s",
                              self.settings.max_new_tokens, self._how(), self.settings.rows.name,
                              "; the prompt's step computes every position's logits (a hooked "
                              "module reads them)" if all_logits else "")
                     return
         key, seen = next(iter(short.items()))
+        length = answers.sequences.shape[1]  # the prompt's positions, then the answer's
         raise ConfigError(
             f"{key} sees {seen} of the {length} positions that the model is fed while it "
             f"generates; leave {split_key(key)[0]!r} out of a generating run, or store it "
             "without generate.max_new_tokens")
 
     def rows(self, layout: RowLayout) -> RowLayout:
-        prompts = layout.sequence
-        if prompts is None:
+        def answered(prompts: Positions) -> Answered:
+            if DOCUMENT in prompts.rows:
+                raise ConfigError("generate.max_new_tokens answers whole prompts, and "
+                                  "dataset.packing=true cuts documents into windows; set "
+                                  "dataset.packing=false")
+            flags = torch.zeros(0, dtype=torch.bool)
+            return Answered(prompts.keep, {**prompts.rows, GENERATED: flags},
+                            most=self.settings.max_new_tokens, rows_kept=self.settings.rows)
+
+        stored = layout.with_positions(answered)
+        if stored is None:
             raise ConfigError("generate.max_new_tokens needs prompts: dataset=text or "
                               "dataset=tokens, read by a language model, or dataset=pairs "
                               "read by a vision-language model")
-        if DOCUMENT in prompts.rows:
-            raise ConfigError("generate.max_new_tokens answers whole prompts, and "
-                              "dataset.packing=true cuts documents into windows; set "
-                              "dataset.packing=false")
-        flags = torch.zeros(0, dtype=torch.bool)
-        return layout.with_sequence(Answered(
-            prompts.keep, {**prompts.rows, GENERATED: flags}, most=self.settings.max_new_tokens,
-            rows_kept=self.settings.rows))
+        return stored
 
     def bookkeeping(self) -> dict[str, DatasetSpec]:
         return {COMPLETION: DatasetSpec((), "str", {Attr.DIMS: ["sample"]},

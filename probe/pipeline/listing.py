@@ -9,24 +9,27 @@ and a two-tower model's tower of each module.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
 from probe.config.checks import read_config
+from probe.config.device import resolve_device
 from probe.config.schema import Reduce, Tokens
 from probe.data.feed import Batch
+from probe.data.layouts import POSITIONS_FIRST, SAMPLE_ROWS, Axes
 from probe.data.tensors import feed_for
 from probe.errors import ConfigError
 from probe.families.base import Family
+from probe.families.build import build_dataset, build_model
 from probe.families.registry import family_for
 from probe.families.towers import tower_of
 from probe.file.sizes import human_bytes
-from probe.pipeline.build import build_dataset, build_model
-from probe.pipeline.device import resolve_device
 from probe.pipeline.keys import key_transform
-from probe.pipeline.modules import LayerInfo, describe_layers
+from probe.pipeline.kinds import ATTENTION
+from probe.pipeline.modules import describe_layers
 from probe.pipeline.passes import pass_for
 from probe.pipeline.reduce import resolve_reduces
 
@@ -73,7 +76,12 @@ def layer_table(cfg: DictConfig) -> tuple[list[str], list[tuple[str, ...]]]:
         if info.shape is None:
             rows.append((info.name, info.type, "(not run)", "-", *tower))
             continue
-        shape = _stored_shape(info, layout, config.tokens, reduces[info.name])
+        try:
+            shape = _stored_shape(f"{info.name}/output", info.shape, layout, config.tokens,
+                                  reduces[info.name])
+        except ConfigError:  # a reduce this layer refuses: shown as it would be captured
+            shape = _stored_shape(f"{info.name}/output", info.shape, SAMPLE_ROWS,
+                                  config.tokens, reduces[info.name])
         note = f" x{info.calls} calls" if info.calls > 1 else ""
         rows.append((info.name, info.type, f"{shape}{note}",
                      human_bytes(itemsize * math.prod(shape)), *tower))
@@ -132,17 +140,15 @@ def _pattern_shape(name: str, layout, pattern: tuple[int, int, int], tokens: Tok
                    longest: int | None) -> tuple[int, ...] | str:
     # what hooks=[attention] stores for a sample (a token), as a run's transform would
     try:
-        return layout.stored_pattern(f"{name}/attention", pattern, tokens, longest)[0]
+        return _stored_shape(f"{name}/{ATTENTION.kind}", pattern, layout, tokens, Reduce.none,
+                             replace(ATTENTION.axes, longest=longest))
     except ConfigError:  # no bound on the keys yet: the dataset's max_length gives it
         return f"({pattern[0]}, dataset.max_length)"
 
 
-def _stored_shape(info: LayerInfo, layout, tokens: Tokens, reduce: Reduce) -> tuple[int, ...]:
-    raw = (1, *info.shape)
-    key = f"{info.name}/output"
-    try:
-        transform = key_transform(key, raw, reduce=reduce, layout=layout,
-                                  follows=layout.rows_for(info.name).follows(raw), pool=tokens)
-    except ConfigError:  # a reduce this layer refuses: shown as it would be captured
-        transform = key_transform(key, raw, reduce=reduce)
-    return transform.row_shape
+def _stored_shape(key: str, shape: tuple[int, ...], layout, tokens: Tokens, reduce: Reduce,
+                  axes: Axes = POSITIONS_FIRST) -> tuple[int, ...]:
+    raw = (1, *shape)
+    follows = layout.follows(key, raw, axes)
+    return key_transform(key, raw, reduce=reduce, axes=axes, layout=layout, follows=follows,
+                         pool=tokens).row_shape

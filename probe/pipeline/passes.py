@@ -1,16 +1,18 @@
 """One batch through the model, as the runner computes it (``Pass``): a forward pass, and the
 backward pass of a gradient run (``ForwardPass``, here), or a generation
-(probe.pipeline.generation). Each gives back the batch as computed: the row layout of what the
-capture holds, and what the pass adds to the batch's bookkeeping per sample.
+(probe.pipeline.generation). Each owns its batch's rows (``capture.batch``: its layout, the
+copies, the early stop) and gives back the batch as computed (``Computed``): every row to
+store, how many each sample has, and when the copies from a GPU are done.
 
-    computed = plan.compute(batch)            # the capture holds this batch's values
-    rows = {**plan.capture.take(), **computed.layout.bookkeeping_rows, **computed.sample_rows}
+    computed = plan.compute(batch)
+    writer.put(batch.index, batch.target, computed.rows, lengths=computed.lengths,
+               ready=computed.ready, ...)
 """
 
 from __future__ import annotations
 
 from contextlib import suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -24,6 +26,7 @@ from probe.data.layouts import RowLayout
 from probe.errors import ConfigError
 from probe.families.base import Family
 from probe.file.format import DatasetSpec
+from probe.pipeline.batch_rows import Computed
 from probe.pipeline.generation import GenerationPass
 from probe.pipeline.hooks import Capture, StopForward
 from probe.pipeline.objectives import Objective
@@ -34,9 +37,8 @@ __all__ = ["Pass", "ForwardPass", "pass_for"]
 class Pass(Protocol):
     """How a run computes a batch (see the module's docstring)."""
 
-    def __call__(self, batch: Batch) -> Batch:
-        """Compute ``batch`` (on the device) with the capture's hooks on; the batch as
-        computed."""
+    def __call__(self, batch: Batch) -> Computed:
+        """Compute ``batch`` (on the device) with the capture's hooks on."""
 
     def rows(self, layout: RowLayout) -> RowLayout:
         """The layout of the rows stored for batches whose own layout is ``layout`` (what the
@@ -89,21 +91,24 @@ class ForwardPass:
     capture: Capture
     objective: Objective | None = None
 
-    def __call__(self, batch: Batch) -> Batch:
+    def __call__(self, batch: Batch) -> Computed:
         model, capture, family = self.model, self.capture, self.family
         layout = family.layout(model, batch)
-        capture.layout = layout  # the hooks make rows as they capture
-        if capture.needs_grad:
-            # parameters are frozen: the graph starts at the hooked modules (or at the input,
-            # when gradients at a module's input are asked for)
-            with torch.enable_grad():
-                output = family.forward(model, batch, input_grad=capture.wants_input_grad)
-                capture.backward(self.objective(output, batch).sum())
-        else:
-            # StopForward: every hooked module has run, the rest of the model is not needed
-            with torch.inference_mode(), suppress(StopForward):
-                family.forward(model, batch)
-        return batch if layout is batch.layout else replace(batch, layout=layout)
+        with capture.batch(layout) as rows:  # the hooks make rows as they capture
+            if capture.needs_grad:
+                # parameters are frozen: the graph starts at the hooked modules (or at the
+                # input, where a kind counts every path from a module's input)
+                from_input = any(kind.from_input for kind in capture.kinds)
+                with torch.enable_grad():
+                    output = family.forward(model, batch, input_grad=from_input)
+                    capture.backward(self.objective(output, batch).sum())
+            else:
+                # StopForward: every hooked module has run, the rest of the model is not needed
+                with torch.inference_mode(), suppress(StopForward):
+                    family.forward(model, batch)
+        stored = {**rows.take(order=capture.keys), **layout.bookkeeping_rows,
+                  **batch.sample_rows}
+        return Computed(stored, layout.lengths, rows.ready)
 
     def rows(self, layout: RowLayout) -> RowLayout:
         return layout

@@ -24,12 +24,14 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from probe.config.checks import read_config
+from probe.config.device import resolve_device
 from probe.config.schema import ProbeConfig, Subset
 from probe.data.feed import Batching, Feed
 from probe.data.selection import OpenSelection, Selection, check_selection, select_indices
 from probe.data.tensors import feed_for
 from probe.errors import ConfigError, DataError, OutputError
 from probe.families.base import Family
+from probe.families.build import build_dataset, build_model
 from probe.families.registry import family_for
 from probe.file.format import INDEX, SKIPPED, Attr, DatasetSpec, FileState
 from probe.file.output import (
@@ -43,8 +45,6 @@ from probe.file.output import (
 from probe.file.partial import open_for_reading
 from probe.file.sizes import human_bytes
 from probe.file.store import filter_options
-from probe.pipeline.build import build_dataset, build_model
-from probe.pipeline.device import resolve_device
 from probe.pipeline.dryrun import DryRun, dry_run
 from probe.pipeline.fingerprint import (
     changes,
@@ -55,7 +55,8 @@ from probe.pipeline.fingerprint import (
     model_fingerprint,
 )
 from probe.pipeline.hooks import Capture
-from probe.pipeline.keys import transforms_for
+from probe.pipeline.keys import KeyTransform, transforms_for
+from probe.pipeline.kinds import capture_kinds
 from probe.pipeline.modules import is_glob, lays_channels_first, match_layers
 from probe.pipeline.objectives import Objective, make_objective
 from probe.pipeline.passes import Pass, pass_for
@@ -161,11 +162,12 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     # a dry run that finds how every key is stored
     family, feed = family_for(cfg.model, model), feed_for(dataset)
     model, device = family.place(model.eval(), device, config.device)
+    kinds = capture_kinds(config.hooks)
     objective, objective_name = (make_objective(config.objective, family, model)
-                                 if config.needs_grad else (None, None))
-    capture = Capture(model, config.layers, config.hooks, reduce=config.reduce,
+                                 if any(kind.needs_grad for kind in kinds) else (None, None))
+    capture = Capture(model, config.layers, kinds, reduce=config.reduce,
                       reduce_by_layer=config.reduce_by_layer, dtype=out.dtype.torch,
-                      stop_early=config.stop_early, patterns=family.patterns)
+                      stop_early=config.stop_early, family=family)
     family.check(model, feed, capture.reduces)
     compute = pass_for(config, cfg.model, family, model, capture, objective)
     feed = feed.for_model(family.output_lengths(model))
@@ -186,21 +188,21 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     shown = dry_run(capture, family, feed, batches, device, objective)
     dry_run_seconds = time.perf_counter() - started
     layout = compute.rows(shown.layout)  # the layout of the rows stored
-    layout.check(shown.plain, config.needs_grad)
+    layout.check(shown.plain, capture.needs_grad)
     modules = dict(model.named_modules())
-    capture.transforms = transforms_for(
-        shown.shapes, shown.follows, capture.reduces, layout=layout, pool=config.tokens,
-        dtype=out.dtype.torch,
+    transforms = transforms_for(
+        shown.shapes, shown.axes, shown.follows, capture.reduces, layout=layout,
+        pool=config.tokens, dtype=out.dtype.torch,
         channels_first={layer for layer in capture.layers if lays_channels_first(modules[layer])},
-        keys=feed.longest(dataset))
-    capture.arm()  # the dry run counted every hooked module's runs
+        longest=feed.longest(dataset))
+    capture.arm(shown.calls, shown.where, transforms)
     compute.rehearse(batches[0].to(device))
     if config.tokens.name != "all" and not shown.follows:
         log.warning("%s=%s has no effect: no stored output of this model has a position axis "
                     "to pool", Attr.TOKENS, config.tokens.name)
-    datasets = {**_specs(capture), **layout.bookkeeping(), **feed.bookkeeping(dataset),
-                **compute.bookkeeping()}
-    _warn_of_large_patterns(capture, datasets, feed.longest(dataset))
+    datasets = {**_specs(capture, transforms), **layout.bookkeeping(),
+                **feed.bookkeeping(dataset), **compute.bookkeeping()}
+    _warn_of_large_rows(transforms, datasets, feed.longest(dataset))
     if config.skip_bad:
         datasets[SKIPPED] = DatasetSpec((), "int64", {Attr.DIMS: ["skipped"]},
                                         compressible=False)
@@ -209,8 +211,7 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
         if any(spec.per_position for spec in datasets.values()) else None)
 
     # 4. what it takes: said in the log, and checked against the free disk space
-    sample_bytes = 16 + sum(s.row_bytes for s in datasets.values() if not s.per_position)
-    position_bytes = sum(s.row_bytes for s in datasets.values() if s.per_position)
+    sample_bytes, position_bytes = _row_bytes(datasets, with_target)
     _log_plan(config, path, capture, device, selection, positions, exact, sample_bytes,
               position_bytes)
     if isinstance(selection, OpenSelection):
@@ -232,37 +233,45 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
                 dry_run_seconds=dry_run_seconds)
 
 
-_LARGE_PATTERN = 1 << 20  # bytes of attention pattern per sample above which the plan warns
+_LARGE_ROWS = 1 << 20  # bytes per sample of rows padded to the longest, above which the plan warns
 
 
-def _warn_of_large_patterns(capture: Capture, datasets: dict[str, DatasetSpec],
-                            longest: int | None) -> None:
-    # a pattern of every position is the sample's length times a hidden state
-    for key, transform in capture.transforms.items():
-        if not transform.pattern:
+def _warn_of_large_rows(transforms: dict[str, KeyTransform], datasets: dict[str, DatasetSpec],
+                        longest: int | None) -> None:
+    # rows padded to the longest sample (a padded axis, in the attrs) grow with its square
+    for key, transform in transforms.items():
+        if Attr.KEYS not in transform.attrs:
             continue
         spec = datasets[key]
         per_sample = spec.row_bytes * ((longest or 1) if transform.per_position else 1)
-        if per_sample > _LARGE_PATTERN:
+        if per_sample > _LARGE_ROWS:
             log.warning("%s stores up to %s per sample (%s per %s); tokens=first or last keeps "
-                        "one query row per sample", key, human_bytes(per_sample),
+                        "one row per sample", key, human_bytes(per_sample),
                         human_bytes(spec.row_bytes), transform.dims[0])
 
 
-def _specs(capture: Capture) -> dict[str, DatasetSpec]:
+def _specs(capture: Capture, transforms: dict[str, KeyTransform]) -> dict[str, DatasetSpec]:
     """What the store creates for each key: its transform's rows, type and attrs."""
     specs = {}
     for key in capture.keys:
-        transform = capture.transforms[key]
-        attrs = {**capture.attrs(key), Attr.DIMS: list(transform.dims)}
-        if transform.pattern:  # computed eager by this module alone (probe.families)
-            attrs[Attr.ATTENTION] = "eager"
-            if transform.keys is not None:
-                attrs[Attr.KEYS] = (f"{transform.keys}: a sample's keys first, zeros after its "
-                                    "length")
+        transform = transforms[key]
+        attrs = {**capture.attrs(key), Attr.DIMS: list(transform.dims), **transform.attrs}
         specs[key] = DatasetSpec(transform.row_shape, str(capture.dtype).removeprefix("torch."),
                                  attrs, per_position=transform.per_position)
     return specs
+
+
+_INT64 = 8  # bytes of an /index, /target or /offsets entry
+
+
+def _row_bytes(datasets: dict[str, DatasetSpec], with_target: bool) -> tuple[int, int]:
+    """The bytes each sample adds to the file (its /index, its /target where the dataset has
+    targets, its bound on its rows where they are per position, and every per-sample
+    dataset's row) and each stored position adds (every per-position dataset's row)."""
+    per_position = any(spec.per_position for spec in datasets.values())
+    sample = _INT64 * (1 + with_target + per_position) + sum(
+        spec.row_bytes for spec in datasets.values() if not spec.per_position)
+    return sample, sum(spec.row_bytes for spec in datasets.values() if spec.per_position)
 
 
 def _dry_batches(feed: Feed, dataset: Dataset, selection: Selection, skip_bad: bool) -> list:
@@ -348,7 +357,7 @@ def _log_plan(config: ProbeConfig, path: Path, capture: Capture, device: torch.d
         size = (f"{len(selection)} samples, {'' if exact else 'at most '}"
                 f"{int(positions.sum())} positions of {human_bytes(position_bytes)}")
     log.info("model %s on %s; %d layers x %s; %s -> %s", type(capture.model).__name__, device,
-             len(capture.layers), [h.name for h in capture.hooks], size, path)
+             len(capture.layers), [kind.hook for kind in capture.kinds], size, path)
     if config.output.compression.name == "lzf":
         log.info("output.compression=lzf: only h5py reads lzf; the HDF5 C tools, MATLAB, Julia "
                  "and R print DATA {} for each compressed chunk, without an error (h5dump exits "
@@ -375,14 +384,12 @@ def _require_same_inputs(found: FileState, fingerprints: dict) -> None:
 
 def _root_attrs(config: ProbeConfig, capture: Capture, shown: DryRun,
                 objective_name: str | None) -> dict:
-    attrs = {Attr.LAYERS: list(capture.layers), Attr.HOOKS: [h.name for h in capture.hooks],
+    attrs = {Attr.LAYERS: list(capture.layers), Attr.HOOKS: [k.hook for k in capture.kinds],
              Attr.SHARD_INDEX: config.shard.index, Attr.SHARD_COUNT: config.shard.count}
     if objective_name is not None:
         attrs[Attr.OBJECTIVE] = objective_name
-    if shown.follows or any(t.pattern for t in capture.transforms.values()):
+    if shown.follows:
         attrs[Attr.TOKENS] = config.tokens.name
-    eager = [layer for layer in capture.layers if any(
-        t.pattern and key.startswith(f"{layer}/") for key, t in capture.transforms.items())]
-    if eager:  # the modules that ran eager attention; the rest kept the model's own
-        attrs[Attr.EAGER_ATTENTION] = eager
+    for kind in capture.kinds:
+        attrs.update(kind.root_attrs(capture.layers))
     return attrs

@@ -25,10 +25,10 @@ from torch import nn
 from probe.analyses.fit.config import FitConfig as _Defaults
 from probe.analyses.stats import select_keys
 from probe.analyses.tables import aligned, beside, write_csv, writing
+from probe.config.device import resolve_device
 from probe.errors import ConfigError
 from probe.file.format import Attr, split_key
 from probe.file.read import FeatureFile, open_checked
-from probe.pipeline.device import resolve_device
 
 __all__ = ["fit_probes", "write_table", "format_table", "default_out_dir", "COLUMNS"]
 

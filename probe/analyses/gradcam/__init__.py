@@ -215,7 +215,7 @@ def _images(config: DictConfig, index: np.ndarray) -> np.ndarray | None:
     # (K, H, W, 3) images in [0, 1] for display, or None (with a warning) when unavailable
     try:
         from probe.data.tensors import split_item
-        from probe.pipeline.build import build_dataset
+        from probe.families.build import build_dataset
 
         dataset = build_dataset(config)
         images = torch.stack([split_item(dataset[int(i)])[0] for i in index]).float()
