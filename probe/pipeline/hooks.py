@@ -3,9 +3,8 @@
 ``attach(model, layers, hooks)`` returns a ``Capture``. Inside the ``with`` block each forward pass
 leaves, under ``"<layer>/<kind>"``, a copy of what the hooked modules saw, taken at hook time (so
 an in-place op that runs later, such as vgg16's ReLU after ``features.28``, cannot change it).
-What each hook captures is its capture kind's to say (probe.pipeline.kinds: forward,
-forward_pre, backward, backward_input, attention, and any registered there); gradient kinds
-are filled by ``Capture.backward(objective)``.
+What each hook captures is its capture kind's to say (probe.pipeline.kinds lists them, and
+takes new ones); gradient kinds are filled by ``Capture.backward(objective)``.
 
 A module that runs several times in one forward pass (resnet's shared ReLU) gives one value per
 run: ``<layer>/output`` for the first, ``<layer>/output_1``, ``_2``, ... for later ones.
@@ -13,7 +12,7 @@ run: ``<layer>/output`` for the first, ``<layer>/output_1``, ``_2``, ... for lat
 The hook object only hooks and copies. A run hands it the dry run's findings once (``arm``)
 and makes each batch's rows in a block of its own (``with capture.batch(layout) as rows``:
 probe.pipeline.batch_rows), which owns what one batch needs: its layout, the copies off the
-GPU, the early stop, the calls of a generation joined.
+GPU, the early stop, the calls of a model called several times on it.
 """
 
 from __future__ import annotations
@@ -55,9 +54,8 @@ def attach(model: nn.Module, layers: Iterable[str],
     Args:
         model: the model; its mode and parameters are left as they are.
         layers: module names or globs, as in the ``layers`` config key.
-        hooks: capture kinds by name (forward, forward_pre, backward, backward_input,
-            attention: the model's family gives the patterns, for Hugging Face models) or
-            as objects (probe.pipeline.kinds).
+        hooks: capture kinds, by their names in ``hooks=`` (forward, forward_pre, backward,
+            backward_input, ...) or as objects (probe.pipeline.kinds).
         reduce: none, mean, max (over the axes after the channel axis) or flatten.
         reduce_by_layer: exceptions to ``reduce``: {layer name or glob: reduce}; a layer's own
             name beats a glob, and globs that match one layer must agree.
@@ -80,8 +78,8 @@ class Capture:
             cap.backward(logits.amax(1).sum())
             act, grad = cap["layer4/output"], cap["layer4/grad_output"]
 
-    ``family`` gives what only a model's family can (attention patterns; found from the
-    model's classes where not given). A ``dry`` capture learns shapes in a forward pass
+    ``family`` gives what only a model's family can (found from the model's classes where
+    not given). A ``dry`` capture learns shapes in a forward pass
     alone: a gradient kind's value is then the tensor it would differentiate at.
     """
 
@@ -153,7 +151,7 @@ class Capture:
     def batch(self, layout: RowLayout | None = None) -> Iterator[BatchRows]:
         """For the block, the values captured are one batch's rows, made by ``layout``;
         without a layout, the model is called several times on the batch, each call adding
-        positions (a generation), and ``rows.take(layout)`` makes them. The block may stop
+        positions, and ``rows.take(layout)`` makes them. The block may stop
         a forward pass early (StopForward, for the pass to catch).
 
         Raises:

@@ -204,11 +204,14 @@ _REGISTERED: dict[str, CaptureKind] = {}  # by its name in hooks=
 
 
 def register(kind: CaptureKind) -> CaptureKind:
-    """Make ``kind`` known to ``hooks=`` (and ``probe.attach``); returns it.
+    """Make ``kind`` known to ``hooks=`` (and ``probe.attach``); returns it. Registering the
+    same kind again does nothing.
 
     Raises:
         ValueError: a name that another kind has, or a dataset name that is not one.
     """
+    if _REGISTERED.get(kind.hook) == kind:
+        return kind
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", kind.kind) or re.search(r"_\d+$", kind.kind):
         raise ValueError(f"a capture kind's dataset is named by letters, digits and _, and "
                          f"never ends in _<digits>; {kind.kind!r} is not")

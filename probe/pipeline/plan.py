@@ -97,7 +97,7 @@ class Plan:
     has_target: bool = False
     objective: Objective | None = None
     capture: Capture | None = None
-    compute: Pass | None = None  # how each batch is computed: a forward pass, or a generation
+    compute: Pass | None = None  # how each batch is computed (probe.pipeline.passes)
     datasets: dict[str, DatasetSpec] = field(default_factory=dict)
     attrs: dict = field(default_factory=dict)
     num_positions: int | None = None  # rows per position in all, where the run stores those
@@ -345,10 +345,9 @@ def _batching(config: ProbeConfig, feed: Feed, device: torch.device) -> Batching
 def _log_plan(config: ProbeConfig, path: Path, capture: Capture, device: torch.device,
               selection: Selection, positions, exact: bool, sample_bytes: int,
               position_bytes: int) -> None:
-    for pattern in config.layers:
-        if is_glob(pattern):
-            log.info("layers: %s matches %s", pattern,
-                     ", ".join(match_layers(capture.layers, pattern)))
+    for name in config.layers:
+        if is_glob(name):
+            log.info("layers: %s matches %s", name, ", ".join(match_layers(capture.layers, name)))
     if isinstance(selection, OpenSelection):
         size = f"samples as they come, {human_bytes(position_bytes)} a position"
     elif positions is None:
