@@ -111,6 +111,34 @@ def _read(path: Path, key: str) -> np.ndarray:
         return f[key].asstr()[:] if h5py.check_string_dtype(f[key].dtype) else f[key][:]
 
 
+# --- routes
+
+class KeysListed:
+    """A route of this module's own: one line per key, its shape."""
+
+    def __init__(self, source, *, seed=None):
+        self.source, self.seed = source, seed
+
+    def write(self, folder: Path, budget: int) -> list[tuple[Path, int | None]]:
+        lines = [f"{key} {self.source[key].shape} seed={self.seed}" for key in self.source.keys]
+        (folder / "keys.txt").write_text("\n".join(lines) + "\n")
+        return [(Path("keys.txt"), len(lines))]
+
+
+def test_a_route_is_looked_up_by_its_name(tmp_path, monkeypatch):
+    from probe.file.exports import ROUTES, Route
+
+    monkeypatch.setitem(ROUTES, "keys", Route(__name__, "KeysListed", options=("seed",)))
+    path = image_file(tmp_path / "a.h5")
+    done = export(path, "keys", seed=3)
+    with probe.open(path) as f:
+        want = {f"{key} {f[key].shape} seed=3" for key in (CONV, FC)}
+    assert set((done.out_dir / "keys.txt").read_text().splitlines()) == want
+    with pytest.raises(ConfigError, match="to='csv' is not an export; choose one of npy, "
+                                          "parquet, mat, saelens, keys"):
+        export(path, "csv")
+
+
 # --- npy
 
 def test_npy_mirrors_every_dataset_exactly(tmp_path):

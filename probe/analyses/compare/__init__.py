@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import h5py
@@ -61,7 +62,6 @@ __all__ = ["compare", "Similarity", "write_similarity", "format_table", "default
 
 log = logging.getLogger(__name__)
 
-METRICS = ("cka", "cka_debiased", "rsa")
 COLUMNS = ("key_a", "key_b", "metric", "value")
 INTERVAL = ("ci_low", "ci_high")  # bootstrap=K: the 95% percentile interval
 CEILING = ("ceiling_lower", "ceiling_upper")  # per-subject RDMs: the noise ceiling
@@ -166,7 +166,7 @@ def compare(path: str | Path, other: str | Path | None = _Defaults.other,
                           "rdm= or responses=")
     metric = metric or ("rsa" if brain is not None else "cka")
     if metric not in METRICS:
-        raise ConfigError(f"metric={metric!r}: use cka, cka_debiased or rsa")
+        raise ConfigError(f"metric={metric!r}: use {', '.join(METRICS[:-1])} or {METRICS[-1]}")
     if int(bootstrap) < 0:
         raise ConfigError(f"bootstrap={bootstrap}: a number of bootstrap samples (0 for none)")
     if rdm_samples is not None and int(rdm_samples) < 3:
@@ -189,20 +189,9 @@ def compare(path: str | Path, other: str | Path | None = _Defaults.other,
             left = [f"a:{k}" for k in keys_a]
             right = left if second is None else [f"b:{k}" for k in keys_b]
             notes: dict = {"device": str(torch_device), "memory_mb": float(memory_mb)}
-            intervals = {}
-            if metric == "rsa":
-                values, rows, intervals = _rsa(reader, left, right, pairing, rdm_samples, seed,
-                                               budget, rdms, fa, second, notes, int(bootstrap))
-            else:
-                debiased = metric == "cka_debiased"
-                values = cka_matrix(reader, left, right, debiased=debiased, budget=budget,
-                                    accumulate=accumulate)
-                rows = reader.num_rows
-                if bootstrap:
-                    log.info("%s: %d bootstrap samples of the %d rows (seed=%d)", metric,
-                             int(bootstrap), rows, seed)
-                    intervals = cka_intervals(reader, left, right, debiased=debiased,
-                                              budget=budget, samples=int(bootstrap), seed=seed)
+            asked = _Asked(seed, budget, int(bootstrap), rdm_samples, rdms, accumulate, notes)
+            values, rows, intervals = _METRICS[metric](reader, left, right, pairing, asked,
+                                                       (fa, second))
         finally:
             if second is not None:
                 second.close()
@@ -225,9 +214,41 @@ def _reader(fa: FeatureFile, keys_a: list[str], fb: FeatureFile | None, keys_b: 
     return AlignedRows(sources, rows, device)
 
 
+@dataclass(frozen=True)
+class _Asked:
+    """What ``compare`` was asked, as every metric reads it; ``notes`` say how the result was
+    made (a metric adds its own)."""
+
+    seed: int
+    budget: int
+    bootstrap: int
+    rdm_samples: int | None
+    rdms: str | Path | None
+    accumulate: str
+    notes: dict
+
+
+Files = tuple[FeatureFile, FeatureFile | None]
+
+
+def _cka(reader: AlignedRows, left: list[str], right: list[str], pairing: Pairing,
+         asked: _Asked, files: Files, *, debiased: bool):
+    values = cka_matrix(reader, left, right, debiased=debiased, budget=asked.budget,
+                        accumulate=asked.accumulate)
+    intervals = {}
+    if asked.bootstrap:
+        log.info("%s: %d bootstrap samples of the %d rows (seed=%d)",
+                 "cka_debiased" if debiased else "cka", asked.bootstrap, reader.num_rows,
+                 asked.seed)
+        intervals = cka_intervals(reader, left, right, debiased=debiased, budget=asked.budget,
+                                  samples=asked.bootstrap, seed=asked.seed)
+    return values, reader.num_rows, intervals
+
+
 def _rsa(reader: AlignedRows, left: list[str], right: list[str], pairing: Pairing,
-         rdm_samples: int | None, seed: int, budget: int, rdms: str | Path | None,
-         fa: FeatureFile, fb: FeatureFile | None, notes: dict, bootstrap: int = 0):
+         asked: _Asked, files: Files):
+    rdm_samples, seed, budget, rdms = asked.rdm_samples, asked.seed, asked.budget, asked.rdms
+    (fa, fb), notes, bootstrap = files, asked.notes, asked.bootstrap
     if reader.num_rows < 3:
         raise ConfigError(f"rsa needs at least 3 samples shared by both sides, and there are "
                           f"{reader.num_rows}")
@@ -293,6 +314,13 @@ def _rsa(reader: AlignedRows, left: list[str], right: list[str], pairing: Pairin
         intervals = bootstrap_intervals(kept, kept, [(a, b) for a in left for b in right],
                                         bootstrap, seed)
     return values, n, intervals
+
+
+# each metric by its name in metric=: (the rows, the left and right keys, how the rows pair,
+# what was asked, the files) -> (the value of each pair, the rows used, intervals)
+_METRICS = {"cka": partial(_cka, debiased=False), "cka_debiased": partial(_cka, debiased=True),
+            "rsa": _rsa}
+METRICS = tuple(_METRICS)
 
 
 def _brain_rsa(fa: FeatureFile, keys: list[str], brain: BrainRDMs, rdm_samples: int | None,

@@ -19,8 +19,11 @@ than ``max_features`` are first reduced by a seeded sparse random projection
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
@@ -71,7 +74,6 @@ __all__ = ["encode", "write_results", "format_table", "default_out_dir", "COLUMN
 log = logging.getLogger(__name__)
 
 COLUMNS = ("key", "score")
-SOLVERS = ("auto", "himalaya", "streamed", "kernel")
 
 
 def encode(path: str | Path, targets: str | Path | None, keys: list[str] | None =
@@ -124,12 +126,13 @@ def encode(path: str | Path, targets: str | Path | None, keys: list[str] | None 
     """
     alphas = _checked_alphas(ALPHAS if alphas is None else alphas)
     if solver not in SOLVERS:
-        raise ConfigError(f"solver={solver!r}: use auto, streamed, kernel or himalaya")
+        raise ConfigError(f"solver={solver!r}: use {', '.join(SOLVERS[:-1])} or {SOLVERS[-1]}")
     if int(max_features) < 1:
         raise ConfigError(f"max_features={max_features} must be at least 1")
-    if solver == "himalaya" and not have_himalaya():
-        raise ConfigError("solver=himalaya needs himalaya: pip install 'probe[analysis]', or "
-                          "use solver=streamed")
+    for module in _SOLVERS[solver].needs if solver != "auto" else ():
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(f"solver={solver} needs {module}: pip install "
+                              "'probe[analysis]', or use solver=streamed")
     delays = None if delays is None else checked_delays(delays)
     timing = _checked_timing(tr, onsets)
     budget = working_budget(budget_bytes(memory_mb))
@@ -305,31 +308,28 @@ def _solve(key: str, design: Design, target: Targets, fold_of: np.ndarray,
     else:
         use = solver
         log.info("%s: solver=%s (as asked: solver=%s)", key, use, solver)
-    if use == "himalaya" and himalaya_bytes(n, features, columns, k) > budget:
-        need = himalaya_bytes(n, features, columns, k) / (1 << 20)
-        raise ConfigError(f"solver=himalaya holds {key}'s rows in memory, about {need:.0f} MiB, "
-                          f"more than memory_mb allows; use solver=auto or raise memory_mb")
-    if use == "kernel" and kernel_bytes(n, columns, k) > budget:
-        need = kernel_bytes(n, columns, k) / (1 << 20)
-        raise ConfigError(f"solver=kernel holds a {n} x {n} Gram matrix, about {need:.0f} MiB "
-                          "with its fits, more than memory_mb allows; use solver=auto or "
-                          "streamed, or raise memory_mb")
+    chosen = _SOLVERS[use]
+    held = chosen.holds(n, features, columns, k)
+    if held > budget:
+        raise ConfigError(chosen.too_large.format(key=key, n=n, mib=held / (1 << 20)))
     # blocks of rows as read, and the targets' rows
     rows = max(1, (budget // 2) // (design.row_bytes + 16 * columns))
-    if use == "himalaya":
-        x = torch.cat([design.read(a, b) for a, b in blocks_of(n, rows)])
-        r, chosen = solve_in_memory(x, target.rows(design.index), fold_of, alphas)
-        del x
-    elif use == "kernel":
-        gram = _gram(design, budget - kernel_bytes(n, columns, k))
-        y = torch.from_numpy(target.rows(design.index)).to(device=gram.device,
-                                                            dtype=torch.float64)
-        r, chosen = solve_kernel(gram, y, fold_of, alphas)
-        del gram
-    else:
-        r, chosen = _streamed(key, design, target, fold_of, alphas, budget, rows)
+    r, alpha = chosen.solve(key, design, target, fold_of, alphas, budget - held, rows)
     return {"key": key, "score": float(r.mean(0).mean()), "r": r.mean(0), "fold_r": r,
-            "alpha": chosen, "solver": use, "features": features}
+            "alpha": alpha, "solver": use, "features": features}
+
+
+def _in_memory(key: str, design: Design, target: Targets, fold_of: np.ndarray,
+               alphas: list[float], budget: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    x = torch.cat([design.read(a, b) for a, b in blocks_of(design.num_rows, rows)])
+    return solve_in_memory(x, target.rows(design.index), fold_of, alphas)
+
+
+def _kernel(key: str, design: Design, target: Targets, fold_of: np.ndarray,
+            alphas: list[float], budget: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    gram = _gram(design, budget)  # in what the kernel form's own matrices leave
+    y = torch.from_numpy(target.rows(design.index)).to(device=gram.device, dtype=torch.float64)
+    return solve_kernel(gram, y, fold_of, alphas)
 
 
 def _auto(key: str, rows: int, features: int, columns: int, folds: int, budget: int) -> str:
@@ -393,6 +393,35 @@ def _streamed(key: str, design: Design, target: Targets, fold_of: np.ndarray,
             sums.add(x, y, fold_of[start:stop])
         r[:, c0:c1], chosen[:, c0:c1] = solve_streamed(sums.folds, alphas)
     return r, chosen
+
+
+@dataclass(frozen=True)
+class _Solver:
+    """How a solver finds a key's scores: ``solve(key, design, target, fold_of, alphas,
+    budget, rows) -> (r, alpha)``; ``holds(rows, features, columns, folds)``, the bytes it
+    holds at once beyond its blocks of rows (0: within the budget, by its own blocking), and
+    ``too_large``, the line that refuses a key whose memory that exceeds; what it needs
+    installed."""
+
+    solve: Callable
+    holds: Callable[[int, int, int, int], int]
+    too_large: str = ""
+    needs: tuple[str, ...] = ()
+
+
+# each solver by its name in solver= (auto picks one of them per key); a new one is a
+# function and one entry here
+_SOLVERS = {
+    "streamed": _Solver(_streamed, lambda rows, features, columns, folds: 0),
+    "kernel": _Solver(_kernel, lambda rows, features, columns, folds: kernel_bytes(
+        rows, columns, folds), "solver=kernel holds a {n} x {n} Gram matrix, about {mib:.0f} "
+        "MiB with its fits, more than memory_mb allows; use solver=auto or streamed, or raise "
+        "memory_mb"),
+    "himalaya": _Solver(_in_memory, himalaya_bytes, "solver=himalaya holds {key}'s rows in "
+                        "memory, about {mib:.0f} MiB, more than memory_mb allows; use "
+                        "solver=auto or raise memory_mb", needs=("himalaya",)),
+}
+SOLVERS = ("auto", *_SOLVERS)
 
 
 def default_out_dir(path: str | Path) -> Path:

@@ -22,16 +22,38 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from probe.errors import ConfigError
 from probe.file.exports.folder import Exported, Written, check_out_dir, default_out_dir, staged
 from probe.file.exports.stream import Source
 
-__all__ = ["export", "ROUTES", "Exported", "default_out_dir"]
+__all__ = ["export", "ROUTES", "Route", "Exported", "default_out_dir"]
 
-ROUTES = ("npy", "parquet", "mat", "saelens")
-_NEEDS = {"npy": (), "parquet": ("pyarrow",), "mat": ("scipy",), "saelens": ("pyarrow", "datasets")}
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where an export is written from: its module and class (made with the source and the
+    ``options`` it takes), the packages it needs installed, and whether it can write a file
+    that holds no key (the bookkeeping alone)."""
+
+    module: str
+    name: str
+    needs: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
+    without_keys: bool = False
+
+
+# looked up by the name in to=; a new format is one module and one line here
+ROUTES = {
+    "npy": Route("probe.file.exports.npy", "NpyExport", without_keys=True),
+    "parquet": Route("probe.file.exports.parquet", "ParquetExport", ("pyarrow",)),
+    "mat": Route("probe.file.exports.mat", "MatExport", ("scipy",)),
+    "saelens": Route("probe.file.exports.saelens", "SaelensExport", ("pyarrow", "datasets"),
+                     options=("seed", "names", "chosen")),
+}
 
 
 def export(file: str | Path, to: str, *, keys: Sequence[str] | None = None,
@@ -58,11 +80,13 @@ def export(file: str | Path, to: str, *, keys: Sequence[str] | None = None,
         OutputError: a partial file, an ``out_dir`` that is not empty, or one that cannot be
             written.
     """
-    to = _route(to)
+    route = _route(to)
     if names is not None and not isinstance(names, Mapping):
         raise ConfigError(f"names={names!r} is not a mapping; pass names={{layer: name, ...}}")
-    if names and to != "saelens":
-        raise ConfigError(f"names= names the columns of to=saelens, not of to={to}; leave it out")
+    if names and "names" not in route.options:
+        named = [name for name, other in ROUTES.items() if "names" in other.options]
+        raise ConfigError(f"names= names the columns of to={'|'.join(named)}, not of to={to}; "
+                          "leave it out")
     if not memory_mb > 0:
         raise ConfigError(f"memory_mb={memory_mb} must be more than 0 (MiB of rows at once)")
     if keys is not None and not len(keys):
@@ -70,42 +94,29 @@ def export(file: str | Path, to: str, *, keys: Sequence[str] | None = None,
     with Source(file, keys) as source:
         out_dir = Path(out_dir) if out_dir is not None else default_out_dir(source.path)
         check_out_dir(out_dir, source=source.path, overwrite=overwrite)
-        route = _prepare(to, source, seed=seed, names=dict(names or {}), chosen=keys is not None)
+        options = {"seed": seed, "names": dict(names or {}), "chosen": keys is not None}
+        writer = _prepare(to, route, source, options)
         with staged(out_dir, source=source.path, overwrite=overwrite) as folder:
-            written = route.write(folder, int(memory_mb * 2**20))
+            written = writer.write(folder, int(memory_mb * 2**20))
     files = [Written(out_dir / path, rows) for path, rows in written]
-    return Exported(to, out_dir, files, notes=list(getattr(route, "notes", [])))
+    return Exported(to, out_dir, files, notes=list(getattr(writer, "notes", [])))
 
 
-def _route(to: str | None) -> str:
+def _route(to: str | None) -> Route:
     if to not in ROUTES:
         raise ConfigError(f"to={to!r} is not an export; choose one of {', '.join(ROUTES)} "
                           "(to=npy, for instance)")
-    return str(to)
+    return ROUTES[str(to)]
 
 
-def _prepare(to: str, source: Source, *, seed: int | None, names: dict[str, str],
-             chosen: bool):
+def _prepare(to: str, route: Route, source: Source, options: dict):
     # every check a route makes happens here, before a folder exists
-    for module in _NEEDS[to]:
+    for module in route.needs:
         try:
             importlib.import_module(module)
         except ImportError:
             raise ConfigError(f"to={to} needs {module}: pip install 'probe[export]'") from None
-    if not source.keys and to != "npy":
+    if not source.keys and not route.without_keys:
         raise ConfigError(f"{str(source.path)!r} holds no <layer>/<kind> to export to={to}")
-    if to == "npy":
-        from probe.file.exports.npy import NpyExport
-
-        return NpyExport(source)
-    if to == "parquet":
-        from probe.file.exports.parquet import ParquetExport
-
-        return ParquetExport(source)
-    if to == "mat":
-        from probe.file.exports.mat import MatExport
-
-        return MatExport(source)
-    from probe.file.exports.saelens import SaelensExport
-
-    return SaelensExport(source, seed=seed, names=names, chosen=chosen)
+    made = getattr(importlib.import_module(route.module), route.name)
+    return made(source, **{name: options[name] for name in route.options})
