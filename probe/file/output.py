@@ -1,33 +1,125 @@
-"""Where a run's file goes, and what a run finds there before it starts.
+"""A run's output, from "is there a run here" to "finished", in one object (``Output``): where
+the file goes, what a run there left, the lock that keeps a second writer out (``WriterLock``,
+probe.file.lock), the space it needs, and the last steps.
 
-``output_path`` resolves ``output.path``; ``existing_run`` reads the state of a file (finished or
-partial) at that path and refuses one of another config; ``check_free_space`` refuses a run that
-cannot fit on the disk. All of it happens before any compute. ``WriterLock`` keeps a second
-process from writing (or replacing) a file while one writes it.
+    output = Output(cfg.output.path, config_yaml, locking=..., overwrite=...)
+    output.found                       # the run there for this config (None: none), read
+                                       # under the lock; a file of another config is refused
+    output.rows_before(sample, ...)    # resuming: what the found run kept before a sample
+    output.check_space(bytes)          # refuse a run that cannot fit on the disk
+    with output.writing() as as_found: # the lock held while the store writes
+        ...                            # (False: another run finished it meanwhile)
+    output.rename_finished()           # a complete file stopped before its rename
+
+The functions below it (``output_path``, ``existing_run``, ``check_free_space``, ...) are its
+steps, for the commands that need one alone (a torchrun rank's leader).
 """
 
 from __future__ import annotations
 
-import errno
-import json
 import logging
 import os
 import shutil
-import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from probe.errors import ConfigError, OutputError
-from probe.file.format import FileState, creating_path, partial_path, read_state
-from probe.file.partial import open_for_reading
+from probe.file.format import (
+    INDEX,
+    SKIPPED,
+    FileState,
+    creating_path,
+    partial_path,
+    read_state,
+)
+from probe.file.lock import WriterLock
+from probe.file.partial import open_for_reading, recover
 from probe.file.recorded import differing_keys
 from probe.file.sizes import human_bytes
 
-__all__ = ["output_path", "file_locking", "check_writable", "existing_run", "check_free_space",
-           "WriterLock"]
+__all__ = ["Output", "output_path", "file_locking", "check_writable", "existing_run",
+           "check_free_space", "WriterLock"]
 
 log = logging.getLogger(__name__)
+
+
+class Output:
+    """A run's output, from "is there a run here" to "finished" (see the module's docstring):
+    ``path``, the file; ``partial``, where it is written until complete; ``found``, what a
+    run of this config left there (None: nothing, or ``overwrite``).
+
+    Raises:
+        ConfigError: an ``output.file_locking`` that is not one.
+        OutputError: no ``output.path`` outside a Hydra run, a folder that cannot be written,
+            another process writing the file now, or a file there that is not this config's
+            run (see ``existing_run``).
+    """
+
+    def __init__(self, path: str | None, config_yaml: str, *, locking=None,
+                 overwrite: bool = False):
+        self.path = output_path(path)
+        self.partial = partial_path(self.path)
+        self.locking = file_locking(locking)
+        self.config_yaml, self.overwrite = config_yaml, overwrite
+        check_writable(self.path.parent)
+        with self.lock():  # refuse now, not after the set-up, if another process writes
+            self.found = existing_run(self.path, config_yaml, self.locking, overwrite=overwrite)
+
+    @property
+    def committed(self) -> int:
+        """The rows the found run had committed (0: none found)."""
+        return 0 if self.found is None else self.found.num_committed
+
+    def lock(self) -> WriterLock:
+        """The lock that one writer of this file holds."""
+        return WriterLock(self.path, self.locking)
+
+    def rows_before(self, sample: int, rows: int, skipped: int) -> tuple[int, int]:
+        """Of the found run's first ``rows`` rows and ``skipped`` samples left out, how many
+        come before dataset sample ``sample`` (both are in dataset order)."""
+        with open_for_reading(self.found.path, self.locking) as f:
+            index, left_out = f[INDEX][:rows], f[SKIPPED][:skipped]
+        return int(np.searchsorted(index, sample)), int(np.searchsorted(left_out, sample))
+
+    def check_space(self, needed: int) -> None:
+        """Refuse a run of about ``needed`` bytes that the disk cannot hold (``OutputError``)."""
+        check_free_space(self.path.parent, needed)
+
+    @contextmanager
+    def writing(self) -> Iterator[bool]:
+        """For the block, this process holds the lock; yields whether the output is as it was
+        found (False: another run finished it meanwhile, and there is nothing to do). With
+        ``overwrite``, what was there is gone first.
+
+        Raises:
+            OutputError: another run wrote rows to it meanwhile.
+        """
+        with self.lock():
+            if self.overwrite:
+                existing_run(self.path, self.config_yaml, self.locking, overwrite=True)
+                self.partial.unlink(missing_ok=True)
+                yield True
+                return
+            found = existing_run(self.path, self.config_yaml, self.locking)
+            if found is not None and found.complete:
+                log.info("%s was completed by another run meanwhile; nothing to do", self.path)
+                yield False
+                return
+            if (0 if found is None else found.num_committed) != self.committed:
+                raise OutputError(f"{str(self.path)!r} changed since this run was planned "
+                                  "(another run wrote to it); run the command again")
+            yield True
+
+    def rename_finished(self) -> Path:
+        """Give the found file, complete but stopped before its rename, its name."""
+        with self.lock():
+            recover(self.partial)  # its writer was killed with it open
+            os.replace(self.partial, self.path)
+        return self.path
 
 
 def output_path(path: str | None) -> Path:
@@ -159,107 +251,3 @@ def check_free_space(directory: Path, needed: int) -> None:
             f"{free / 2**30:.2f} GiB free; free space, choose another output.path, use "
             "reduce=mean or output.dtype=float16, or set output.check_free_space=false"
         )
-
-
-class WriterLock:
-    """An exclusive lock on ``<path>.lock`` for as long as one process writes ``path``; the
-    lock file says which process holds it (pid and host) and is removed on release.
-
-    Example::
-
-        with WriterLock(path):
-            ...   # no other process can take the lock here, overwrite or not
-
-    An OS lock (flock) does the excluding, so a process that dies releases it at once; a
-    lock file it leaves behind is taken over by the next run.
-
-    Raises:
-        OutputError: another process holds the lock, or the file system cannot lock (then
-            ``locking`` false or best-effort, as for HDF5's own locking, runs without).
-    """
-
-    def __init__(self, path: Path, locking: bool | str | None = None):
-        self.path = path.with_name(path.name + ".lock")
-        self.locking = locking
-        self._fd: int | None = None
-
-    def __enter__(self) -> WriterLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.release()
-
-    def acquire(self) -> None:
-        try:
-            import fcntl
-        except ImportError:  # not on this platform: HDF5's own locking is all there is
-            return
-        while self._fd is None:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as err:
-                os.close(fd)
-                if err.errno in (errno.EAGAIN, errno.EACCES):
-                    raise OutputError(self.held_message()) from None
-                if self.locking in (False, "best-effort"):
-                    log.debug("not locking %s: %s", self.path, err)
-                    return
-                raise OutputError(
-                    f"cannot lock {str(self.path)!r} ({err.strerror or err}); on a file system "
-                    "without locks (some NFS mounts) set output.file_locking=false, and make "
-                    "sure that one process at a time writes each file"
-                ) from None
-            if _same_file(fd, self.path):  # not a lock file that its holder removed meanwhile
-                self._fd = fd
-            else:
-                os.close(fd)
-        os.ftruncate(self._fd, 0)
-        os.write(self._fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
-                 .encode())
-
-    def release(self) -> None:
-        if self._fd is not None:
-            self.path.unlink(missing_ok=True)  # while still held: nobody can lock it meanwhile
-            os.close(self._fd)
-            self._fd = None
-
-    def holder(self) -> str | None:
-        """Who holds the lock now ("process P on host H"), or None when no process does."""
-        try:
-            import fcntl
-            fd = os.open(self.path, os.O_RDONLY)
-        except (ImportError, OSError):  # no lock file: nobody writes
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # refused while a writer holds it
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return None
-        except OSError:
-            return self._who()
-        finally:
-            os.close(fd)
-
-    def _who(self) -> str:
-        try:
-            holder = json.loads(self.path.read_text() or "{}")
-        except (OSError, ValueError):
-            holder = {}
-        return (f"process {holder['pid']} on {holder['host']}" if {"pid", "host"} <= set(holder)
-                else "another process")
-
-    def held_message(self) -> str:
-        """Who holds the lock, and what to do about it."""
-        who = self._who()
-        target = self.path.with_name(self.path.name.removesuffix(".lock"))
-        return (f"{who} is writing {str(target)!r} (it holds {self.path.name}); no run may write "
-                "or replace a file while another writes it, output.overwrite=true included: "
-                "wait for that run to end, or stop it")
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        return os.fstat(fd).st_ino == os.stat(path).st_ino
-    except FileNotFoundError:
-        return False

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import shutil
 import signal
 import threading
@@ -22,9 +21,6 @@ from torch import nn
 from tqdm import tqdm
 
 from probe.errors import OutputError, RunStopped
-from probe.file.format import partial_path
-from probe.file.output import WriterLock, existing_run
-from probe.file.partial import recover
 from probe.file.sizes import human_bytes
 from probe.file.store import Store
 from probe.file.writer import BackgroundWriter, WriteFailed
@@ -70,34 +66,13 @@ def execute(plan: Plan, *, stop: StopRequest | None = None) -> Path:
         RunStopped: SIGINT, SIGTERM or ``stop`` ended the run at a batch boundary; the rows
             written so far are committed.
     """
-    locking = plan.locking
     if plan.done:
-        if plan.renamed_only:
-            with WriterLock(plan.path, locking):
-                recover(partial_path(plan.path))  # its writer was killed with it open
-                os.replace(partial_path(plan.path), plan.path)
-        return plan.path
-    with WriterLock(plan.path, locking):
-        if not _still_as_planned(plan):
+        found = plan.output.found
+        return plan.path if found.path == plan.path else plan.output.rename_finished()
+    with plan.output.writing() as as_found:
+        if not as_found:  # another run finished it meanwhile
             return plan.path
         return _write(plan, stop if stop is not None else StopRequest())
-
-
-def _still_as_planned(plan: Plan) -> bool:
-    """Whether the output is as the plan found it, now that this process holds the lock (a run
-    that finished meanwhile makes this one unnecessary; one that wrote rows, wrong)."""
-    if plan.config.output.overwrite:
-        existing_run(plan.path, plan.config_yaml, plan.locking, overwrite=True)
-        partial_path(plan.path).unlink(missing_ok=True)
-        return True
-    found = existing_run(plan.path, plan.config_yaml, plan.locking)
-    if found is not None and found.complete:
-        log.info("%s was completed by another run meanwhile; nothing to do", plan.path)
-        return False
-    if (0 if found is None else found.num_committed) != plan.committed:
-        raise OutputError(f"{str(plan.path)!r} changed since this run was planned (another run "
-                          "wrote to it); run the command again")
-    return True
 
 
 def _write(plan: Plan, stop: StopRequest) -> Path:
@@ -113,7 +88,7 @@ def _write(plan: Plan, stop: StopRequest) -> Path:
                           has_target=plan.has_target, per_position=plan.per_position,
                           num_positions=plan.num_positions, resume_from=plan.resume_rows,
                           resume_skipped=plan.resume_skipped, filters=plan.filters,
-                          attrs=plan.attrs, locking=plan.locking)
+                          attrs=plan.attrs, locking=plan.output.locking)
             with store, BackgroundWriter(store, commit_every_batches=out.commit_every,
                                          commit_every_seconds=out.commit_seconds) as writer:
                 with capture, _frozen_parameters(plan.model, capture.needs_grad):
@@ -172,7 +147,7 @@ def _disk_full_error(plan: Plan, store: Store | None) -> OutputError:
     wrote = "" if store is None else f" after writing {human_bytes(store.bytes_written)}"
     saved = plan.resume_rows if store is None else store.num_committed
     of = "" if plan.num_rows is None else f" of {plan.num_rows}"
-    kept = (f"{saved}{of} rows are saved in {partial_path(plan.path).name}; free space, then run "
+    kept = (f"{saved}{of} rows are saved in {plan.output.partial.name}; free space, then run "
             "the same command again to continue" if saved else
             "no rows were saved yet; free space, then run the same command again")
     return OutputError(f"the disk that holds {str(plan.path.parent)!r} is full ({free} free)"

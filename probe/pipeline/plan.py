@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -33,16 +32,8 @@ from probe.errors import ConfigError, DataError, OutputError
 from probe.families.base import Family
 from probe.families.build import build_dataset, build_model
 from probe.families.registry import family_for
-from probe.file.format import INDEX, SKIPPED, Attr, DatasetSpec, FileState
-from probe.file.output import (
-    WriterLock,
-    check_free_space,
-    check_writable,
-    existing_run,
-    file_locking,
-    output_path,
-)
-from probe.file.partial import open_for_reading
+from probe.file.format import SKIPPED, Attr, DatasetSpec, FileState
+from probe.file.output import Output
 from probe.file.sizes import human_bytes
 from probe.file.store import filter_options
 from probe.pipeline.dryrun import DryRun, dry_run
@@ -75,17 +66,13 @@ class Plan:
 
     config: ProbeConfig  # typed, as read once (probe.config.checks)
     config_yaml: str  # the resolved config, as the file records it
-    path: Path
-    locking: bool | str | None  # HDF5 file locking (output.file_locking)
+    output: Output  # where the file goes, and what a run there left (probe.file.output)
     # where the samples resume: the selection's first ``resume_from`` are in the file already,
     # as ``resume_rows`` rows and ``resume_skipped`` samples left out; None: the file is
     # complete already, and there is nothing to do
     resume_from: int | None
     resume_rows: int = 0
     resume_skipped: int = 0
-    committed: int = 0  # the rows the partial file held when planned
-    # a complete file still under its partial name (its run was killed just before the rename)
-    renamed_only: bool = False
     filters: dict = field(default_factory=dict)  # HDF5 filter options (probe.file.store)
     device: torch.device | None = None
     model: nn.Module | None = None
@@ -102,6 +89,10 @@ class Plan:
     attrs: dict = field(default_factory=dict)
     num_positions: int | None = None  # rows per position in all, where the run stores those
     dry_run_seconds: float = 0.0
+
+    @property
+    def path(self) -> Path:
+        return self.output.path
 
     @property
     def done(self) -> bool:
@@ -132,14 +123,12 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     # 1. the config and the output path: the cheap refusals first
     config = read_config(cfg)
     out = config.output
-    path, locking = output_path(out.path), file_locking(out.file_locking)
     filters = filter_options(out.compression.name, out.compression_level)
     device = resolve_device(config.device)
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-    check_writable(path.parent)
-    with WriterLock(path, locking):  # refuse now, not after the set-up, if another writes
-        found = existing_run(path, config_yaml, locking, overwrite=out.overwrite)
-    decided = {"config": config, "config_yaml": config_yaml, "path": path, "locking": locking,
+    output = Output(out.path, config_yaml, locking=out.file_locking, overwrite=out.overwrite)
+    found = output.found
+    decided = {"config": config, "config_yaml": config_yaml, "output": output,
                "filters": filters}
 
     # 2. the model and the data, and whether they are what the file there was made from
@@ -150,13 +139,12 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     if found is not None:
         _require_same_inputs(found, fingerprints)
         if found.complete:
-            renamed = found.path != path
-            if renamed:
+            if found.path != output.path:
                 log.info("%s is complete but was stopped before its rename; renaming it to %s",
-                         found.path, path.name)
+                         found.path, output.path.name)
             else:
-                log.info("%s is already complete for this config; nothing to do", path)
-            return Plan(**decided, resume_from=None, renamed_only=renamed)
+                log.info("%s is already complete for this config; nothing to do", output.path)
+            return Plan(**decided, resume_from=None)
 
     # 3. what to compute: the family and the feed, the hooks, the samples, the objective, and
     # a dry run that finds how every key is stored
@@ -174,7 +162,7 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     batching = _batching(config, feed, device)
     selection = _selection(config, dataset)
     feed.check_fits(dataset, selection, compute.limits(family.input_limits(model)))
-    resume = (0, 0, 0) if found is None else _resume_point(found, selection, batching)
+    resume = (0, 0, 0) if found is None else _resume_point(output, selection, batching)
     if found is not None:
         log.info("resuming %s after %d committed rows", found.path, resume[1])
     batches = _dry_batches(feed, dataset, selection, config.skip_bad)
@@ -212,20 +200,19 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
 
     # 4. what it takes: said in the log, and checked against the free disk space
     sample_bytes, position_bytes = _row_bytes(datasets, with_target)
-    _log_plan(config, path, capture, device, selection, positions, exact, sample_bytes,
+    _log_plan(config, output.path, capture, device, selection, positions, exact, sample_bytes,
               position_bytes)
     if isinstance(selection, OpenSelection):
         log.info("the number of samples is not known before they are read: free space is not "
                  "checked")
     elif out.check_free_space:
         left = 0 if positions is None else int(positions[resume[0]:].sum())
-        check_free_space(path.parent,
-                         sample_bytes * (len(selection) - resume[0]) + position_bytes * left)
+        output.check_space(sample_bytes * (len(selection) - resume[0]) + position_bytes * left)
     attrs = {**_root_attrs(config, capture, shown, objective_name), **feed.attrs(dataset),
              **library_versions(), **{key: dumps(value) for key, value in fingerprints.items()}}
     return Plan(**decided, resume_from=resume[0], resume_rows=resume[1],
-                resume_skipped=resume[2], committed=0 if found is None else found.num_committed,
-                device=device, model=model, family=family, dataset=dataset, feed=feed,
+                resume_skipped=resume[2], device=device, model=model, family=family,
+                dataset=dataset, feed=feed,
                 batching=batching, selection=selection, has_target=with_target,
                 objective=objective, capture=capture, compute=compute, datasets=datasets,
                 attrs=attrs,
@@ -312,11 +299,12 @@ def _selection(config: ProbeConfig, dataset) -> Selection:
     return OpenSelection(config.limit, shard.index, shard.count)
 
 
-def _resume_point(found: FileState, selection: Selection,
+def _resume_point(output: Output, selection: Selection,
                   batching: Batching) -> tuple[int, int, int]:
     """Where a run resumes: (samples of the selection done, rows kept, samples left out kept).
     The committed rows and left-out samples cover the selection's first samples. A group's
     batches are made from its start: a run resumes there, so that they are the same batches."""
+    found = output.found
     rows, skipped = found.num_committed, int(found.attrs.get(Attr.NUM_SKIPPED, 0))
     done = rows + skipped
     start = done - done % batching.group
@@ -325,11 +313,7 @@ def _resume_point(found: FileState, selection: Selection,
     if not skipped:
         return start, start, 0
     # rows and left-out samples interleave: keep those before the group's first sample
-    with open_for_reading(found.path) as f:
-        index, left_out = f[INDEX][:rows], f[SKIPPED][:skipped]
-    boundary = selection[start]
-    return (start, int(np.searchsorted(index, boundary)),
-            int(np.searchsorted(left_out, boundary)))
+    return (start, *output.rows_before(selection[start], rows, skipped))
 
 
 def _batching(config: ProbeConfig, feed: Feed, device: torch.device) -> Batching:
