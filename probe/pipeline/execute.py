@@ -172,6 +172,7 @@ def _loop(plan: Plan, loader, writer: BackgroundWriter, stop: StopRequest) -> in
             writer.put(batch.index, batch.target, computed.rows, ready=computed.ready,
                        lengths=computed.lengths, ends_group=batch.ends_group,
                        skipped=batch.skipped)
+            del computed  # the writer holds the rows now; the next batch need not wait for them
             units += feed.count(batch) if len(batch) else 0
             bar.update(feed.count(batch) if len(batch) else 0)
             bar.set_postfix_str(f"{human_bytes(writer.store.bytes_written)} written",

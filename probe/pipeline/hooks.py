@@ -79,8 +79,8 @@ class Capture:
             act, grad = cap["layer4/output"], cap["layer4/grad_output"]
 
     ``family`` gives what only a model's family can (found from the model's classes where
-    not given). A ``dry`` capture learns shapes in a forward pass
-    alone: a gradient kind's value is then the tensor it would differentiate at.
+    not given). A ``dry`` capture learns shapes in a forward pass alone: a gradient kind's
+    value is then the tensor it would differentiate at.
     """
 
     def __init__(self, model: nn.Module, layers: Iterable[str],
@@ -104,6 +104,9 @@ class Capture:
         self.calls: dict[str, int] | None = None
         # "<layer>/<kind>" -> its position in the module's tuple, or the keyword it was given by
         self.where: dict[str, int | str] = {}
+        # the events after the copies from a GPU of the values ``take()`` handed over (None:
+        # nothing to wait for)
+        self.copied: list[torch.cuda.Event] | None = None
         self._family, self._dry = family, dry
         self._transforms: dict[str, KeyTransform] = {}  # armed: each key's rows
         self._rows = self._new_rows(SAMPLE_ROWS)  # the rows of the pass under way
@@ -212,7 +215,9 @@ class Capture:
         rows = self._rows
         self._check(rows)
         self._rows = self._new_rows(SAMPLE_ROWS)
-        return rows.take(order=self.keys)
+        values = rows.take(order=self.keys)
+        self.copied = rows.ready
+        return values
 
     # -- gradients ----------------------------------------------------------------------------
 
