@@ -213,12 +213,14 @@ def big(tmp_path_factory):
     return paths
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("accumulate", ["auto", "gram"])
 def test_memory_stays_within_memory_mb(big, accumulate):
     grown = _peak_growth(big["big"], big["warm"], memory_mb=8, accumulate=accumulate)
     assert grown < 8 + 2, grown  # and a few int64 a row
 
 
+@pytest.mark.process
 def test_a_large_budget_holds_less_than_the_rows_loaded_whole(big):
     # memory_mb=2048 would hold the 64 MiB of float64 rows; the blocks take at most half
     grown = _peak_growth(big["big"], big["warm"], accumulate="gram")

@@ -153,6 +153,7 @@ def test_a_job_out_of_requeues_says_that_relaunching_resumes(tmp_path, caplog):
             "launch the same command again to resume after the 12 rows saved") in caplog.text
 
 
+@pytest.mark.process
 def test_sigterm_to_the_process_group_with_loader_workers(tmp_path):
     """SLURM signals every process of a job: the DataLoader's workers must leave the stop to
     the run, or the loader fails before the run can commit and say how to resume."""

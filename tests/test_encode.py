@@ -299,6 +299,7 @@ print(json.dumps(found))
 """
 
 
+@pytest.mark.process
 def test_out_of_core_memory_stays_flat_for_a_file_4x_the_budget(tmp_path):
     # memory_mb=8; files of 8 MiB (the warm-up's), 8 MiB and 32 MiB of rows: the 32 MiB file
     # runs last, so its peak is the process's; loading it would add 24 MiB or more, while the

@@ -331,6 +331,7 @@ def test_token_id_prompts_answer_as_text_prompts_do(gen_cfg, make_cfg, tiny_lm, 
                                    atol=1e-6)
 
 
+@pytest.mark.process
 def test_torchrun_ranks_merge_into_the_one_process_run(gen_cfg, tiny_lm, prompts, tmp_path):
     import os
     import subprocess

@@ -22,6 +22,9 @@ import pytest
 import probe
 from tests.conftest import REPO, TINY_NET, cli, error_line, run_cli
 
+# every test here drives runs in processes of their own, killed at their writes
+pytestmark = pytest.mark.process
+
 CRASH = REPO / "tests" / "crash"
 IMAGES = [*TINY_NET, "layers=[features.0,fc]", "dataset.image_size=32",
           "dataset.num_samples=40", "batch_size=4", "output.commit_every=1"]

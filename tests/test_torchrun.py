@@ -77,6 +77,7 @@ def assert_equal_by_index(path, reference) -> None:
             np.testing.assert_array_equal(a[key][:], b[key][:][rows], err_msg=key)
 
 
+@pytest.mark.process
 def test_two_ranks_equal_one_process_and_a_second_launch_does_nothing(tmp_path, reference):
     first = torchrun("dataset.num_samples=9", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
@@ -106,6 +107,7 @@ def test_two_ranks_equal_one_process_and_a_second_launch_does_nothing(tmp_path, 
     assert sorted(p.name for p in folder.iterdir()) == files
 
 
+@pytest.mark.process
 def test_a_failing_rank_gives_its_one_line_and_status_1(tmp_path):
     # rank 1 takes the odd samples; sample 21, its 11th, cannot be read: rank 0 (0.1 s a
     # sample, 30 of them) is still at work then
@@ -130,6 +132,7 @@ def test_a_failing_rank_gives_its_one_line_and_status_1(tmp_path):
     assert not (tmp_path / "out" / "f.h5").exists()
 
 
+@pytest.mark.process
 def test_a_config_error_that_every_rank_meets_reads_as_one_line(tmp_path):
     result = torchrun("dataset.num_samples=4", "layers=[nope]", cwd=tmp_path)
     assert result.returncode == 1, result.stderr
