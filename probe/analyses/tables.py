@@ -25,18 +25,24 @@ def beside(path: str | Path, analysis: str) -> Path:
     return path.with_name(f"{path.stem}_{analysis}")
 
 
-def check_writable(out_dir: str | Path) -> Path:
-    """``out_dir``, once it is known that it can be made and written, before any work and
-    without making anything yet.
+def check_writable(out_dir: str | Path, *, overwrite: bool = False) -> Path:
+    """``out_dir``, once it is known that it can be made and written, and holds no earlier
+    findings (unless ``overwrite``), before any work and without making anything yet.
 
     Raises:
-        OutputError: the nearest folder that exists cannot be written.
+        OutputError: the nearest folder that exists cannot be written, or ``out_dir`` holds
+            files already (and not ``overwrite``): findings never replace findings unasked.
     """
     out_dir = Path(out_dir)
     existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise OutputError(f"cannot write to out_dir={str(out_dir)!r} ({str(existing)!r} is not "
                           "a writable folder); choose a writable out_dir")
+    held = sorted(p.name for p in out_dir.iterdir()) if existing == out_dir else []
+    if held and not overwrite:
+        shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+        raise OutputError(f"out_dir={str(out_dir)!r} holds earlier findings ({shown}); choose "
+                          "another out_dir, or set overwrite=true to replace them")
     return out_dir
 
 

@@ -30,13 +30,14 @@ def _compare(cfg: DictConfig) -> None:
     if cfg.save_rdms and metric != "rsa":
         raise ConfigError(f"save_rdms=true saves the RDMs of metric=rsa, not of "
                           f"metric={metric}; add metric=rsa, or leave save_rdms out")
-    out_dir = check_writable(cfg.out_dir or default_out_dir(file))
+    out_dir = check_writable(cfg.out_dir or default_out_dir(file), overwrite=cfg.overwrite)
     result = compare(file, cfg.other, cfg["keys"], cfg.other_keys, cfg.metric,
                      rdm_samples=cfg.rdm_samples,
                      rdms=out_dir / "rdms.h5" if cfg.save_rdms else None, seed=cfg.seed,
                      rdm=cfg.rdm, responses=cfg.responses, index=cfg.index,
                      bootstrap=cfg.bootstrap,
-                     device=cfg.device, memory_mb=cfg.memory_mb, accumulate=cfg.accumulate)
+                     device=cfg.device, memory_mb=cfg.memory_mb, accumulate=cfg.accumulate,
+                     pair_anyway=cfg.pair_anyway)
     written = [write_similarity(result, out_dir)]
     if "rdms" in result.notes:
         written.append(Path(result.notes["rdms"]))

@@ -27,7 +27,7 @@ def _encode(cfg: DictConfig) -> None:
     targets = cfg.targets if cfg.repeats is not None else required(
         cfg.targets, "targets", "T.npy (one row per dataset sample) or targets=T.h5:NAME, or "
                                 "repeats=R.npy to predict their mean")
-    out_dir = check_writable(cfg.out_dir or default_out_dir(file))
+    out_dir = check_writable(cfg.out_dir or default_out_dir(file), overwrite=cfg.overwrite)
     alphas = [float(a) for a in cfg.alphas]
     results = encode(file, targets, cfg["keys"], folds=cfg.folds, alphas=alphas,
                      max_features=cfg.max_features, seed=cfg.seed, device=cfg.device,

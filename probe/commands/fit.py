@@ -23,7 +23,7 @@ def _fit(cfg: DictConfig) -> None:
     from probe.analyses.tables import check_writable
 
     file = required(cfg.file, "file")
-    out_dir = check_writable(cfg.out_dir or default_out_dir(file))
+    out_dir = check_writable(cfg.out_dir or default_out_dir(file), overwrite=cfg.overwrite)
     results = fit_probes(file, cfg["keys"], test_fraction=cfg.test_fraction, folds=cfg.folds,
                          seed=cfg.seed, epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr,
                          weight_decay=cfg.weight_decay, device=cfg.device)

@@ -24,7 +24,8 @@ def _gradcam(cfg: DictConfig) -> None:
                                       "'hooks=[forward,backward]'")
     if int(cfg.num_images) < 0:
         raise ConfigError(f"num_images={cfg.num_images} must be 0 (no PNG) or more")
-    written = write_gradcam(file, cfg.layer, cfg.output, cfg.normalize, cfg.block_rows)
+    written = write_gradcam(file, cfg.layer, cfg.output, cfg.normalize, cfg.block_rows,
+                            overwrite=cfg.overwrite)
     if int(cfg.num_images) > 0:
         log.info("wrote %s", save_montage(written, int(cfg.num_images)))
 

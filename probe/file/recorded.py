@@ -1,16 +1,21 @@
-"""The config a file records, compared with another: which keys change what is stored. A run
-resumes, or finds its finished file, only where the two agree; a merge joins only shards
-that agree. The names are the config schema's (probe.config.schema imports them from here:
-the file says what makes two of its runs the same).
+"""What a file records of its run, compared with another's: which keys of the config change
+what is stored, and how the model and data fingerprints differ. A run resumes, or finds its
+finished file, only where the two agree; a merge joins only shards that agree; an analysis
+pairs the rows of two files only where their data agree. The config's names are the
+schema's (probe.config.schema imports them from here: the file says what makes two of its
+runs the same); the fingerprints are made by probe.pipeline.fingerprint.
 
     differing_keys(a, b)     the dotted keys whose values differ, less ``NEUTRAL_KEYS``
+    changes(stored, current) what differs between two fingerprints, in words
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
-__all__ = ["NEUTRAL_KEYS", "MOVED_TARGETS", "ADDED_KEYS", "differing_keys"]
+__all__ = ["NEUTRAL_KEYS", "MOVED_TARGETS", "ADDED_KEYS", "differing_keys", "changes", "dumps",
+           "loads"]
 
 # Keys that do not change what is stored: a run may resume, or find its finished file, with other
 # values of these. conf/config.yaml leaves the same keys out of the run folder's name (a test
@@ -59,3 +64,37 @@ def _flatten(node: Mapping, prefix: str = "") -> dict:
         else:
             flat[name] = MOVED_TARGETS.get(value, value) if key == "_target_" else value
     return flat
+
+
+_SAID = {
+    "length": lambda old, new: f"{old} samples then, {new} now",
+    "num_files": lambda old, new: f"{old} files then, {new} now",
+    "files": lambda old, new: "the names or sizes of its files differ",
+    "modules": lambda old, new: "its modules differ",
+    "parameters": lambda old, new: "its parameter names or shapes differ",
+    "weights": lambda old, new: "its weights differ",
+    "code": lambda old, new: "the code of {} changed".format(", ".join(
+        sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)))),
+}
+
+
+def changes(stored: dict, current: dict) -> list[str]:
+    """The parts of two fingerprints that differ, in words; [] when they agree. Parts that
+    only one of them has (a file from an older version) are not compared."""
+    said = []
+    shared = set(stored) & set(current)
+    for part in [*(p for p in _SAID if p in shared), *sorted(shared - set(_SAID))]:
+        old, new = stored[part], current[part]
+        if old != new:
+            words = _SAID.get(part)
+            said.append(words(old, new) if words else f"{part}: {old} then, {new} now")
+    return said
+
+
+def dumps(fingerprint: dict) -> str:
+    return json.dumps(fingerprint, sort_keys=True)
+
+
+def loads(text) -> dict | None:
+    """A stored fingerprint, or None where the file has none."""
+    return None if text is None else json.loads(str(text))

@@ -7,16 +7,15 @@ skips a file made from something else under the same config.
     data_fingerprint(dataset)     {"length"} and, for folder datasets, {"files", "num_files"}
                                   (relative paths and sizes); a dataset may add its own by
                                   defining ``fingerprint() -> dict``
-    changes(stored, current)      what differs, in words
 
-Both are stored as JSON in the file's root attrs (probe.file.format.Attr).
+Both are stored as JSON in the file's root attrs (probe.file.format.Attr); how two recorded
+ones are compared is the file's (probe.file.recorded: ``changes``, ``loads``, ``dumps``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
-import json
 import os
 import sys
 import zlib
@@ -26,6 +25,7 @@ import torch
 from torch import nn
 
 from probe.families.registry import model_libraries
+from probe.file.recorded import changes, dumps, loads
 
 __all__ = ["model_fingerprint", "data_fingerprint", "library_versions", "changes", "dumps",
            "loads"]
@@ -86,40 +86,6 @@ def data_fingerprint(dataset) -> dict:
     if callable(own):
         found.update(own())
     return found
-
-
-_SAID = {
-    "length": lambda old, new: f"{old} samples then, {new} now",
-    "num_files": lambda old, new: f"{old} files then, {new} now",
-    "files": lambda old, new: "the names or sizes of its files differ",
-    "modules": lambda old, new: "its modules differ",
-    "parameters": lambda old, new: "its parameter names or shapes differ",
-    "weights": lambda old, new: "its weights differ",
-    "code": lambda old, new: "the code of {} changed".format(", ".join(
-        sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)))),
-}
-
-
-def changes(stored: dict, current: dict) -> list[str]:
-    """The parts of two fingerprints that differ, in words; [] when they agree. Parts that
-    only one of them has (a file from an older version) are not compared."""
-    said = []
-    shared = set(stored) & set(current)
-    for part in [*(p for p in _SAID if p in shared), *sorted(shared - set(_SAID))]:
-        old, new = stored[part], current[part]
-        if old != new:
-            words = _SAID.get(part)
-            said.append(words(old, new) if words else f"{part}: {old} then, {new} now")
-    return said
-
-
-def dumps(fingerprint: dict) -> str:
-    return json.dumps(fingerprint, sort_keys=True)
-
-
-def loads(text) -> dict | None:
-    """A stored fingerprint, or None where the file has none."""
-    return None if text is None else json.loads(str(text))
 
 
 def _crc(tensor: torch.Tensor) -> int:

@@ -21,6 +21,7 @@ every CKA value (probe.analyses.compare.cka_bootstrap).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -117,7 +118,8 @@ def compare(path: str | Path, other: str | Path | None = _Defaults.other,
             rdm: str | None = _Defaults.rdm, responses: str | None = _Defaults.responses,
             index: str | None = _Defaults.index, bootstrap: int = _Defaults.bootstrap,
             device: str = _Defaults.device, memory_mb: float = _Defaults.memory_mb,
-            accumulate: str = _Defaults.accumulate) -> Similarity:
+            accumulate: str = _Defaults.accumulate,
+            pair_anyway: bool = _Defaults.pair_anyway) -> Similarity:
     """Compare every stored key of ``path`` with every other one, or with every key of
     ``other``.
 
@@ -145,6 +147,8 @@ def compare(path: str | Path, other: str | Path | None = _Defaults.other,
         device: where the sums are made (``cpu``, ``cuda``, ``auto``, ...).
         memory_mb: MiB for the rows and sums held at once.
         accumulate: cka: ``auto``, ``features`` or ``gram`` (see probe.analyses.compare.cka).
+        pair_anyway: pair the rows of two files made from different datasets (their data
+            fingerprints differ) by /index all the same; the result's notes say so.
 
     Returns:
         The ``Similarity`` of every pair.
@@ -184,11 +188,13 @@ def compare(path: str | Path, other: str | Path | None = _Defaults.other,
             keys_b = keys_a if second is None else select_keys(
                 second, other_keys if other_keys is not None else (
                     keys if keys is None else keys_a), name="other_keys")
-            pairing = pair_rows(fa, keys_a, second, keys_b)
+            pairing = pair_rows(fa, keys_a, second, keys_b, anyway=bool(pair_anyway))
             reader = _reader(fa, keys_a, second, keys_b, pairing, torch_device)
             left = [f"a:{k}" for k in keys_a]
             right = left if second is None else [f"b:{k}" for k in keys_b]
             notes: dict = {"device": str(torch_device), "memory_mb": float(memory_mb)}
+            if pairing.anyway:
+                notes["paired_anyway"] = pairing.anyway
             asked = _Asked(seed, budget, int(bootstrap), rdm_samples, rdms, accumulate, notes)
             values, rows, intervals = _METRICS[metric](reader, left, right, pairing, asked,
                                                        (fa, second))
@@ -423,12 +429,19 @@ def default_out_dir(path: str | Path) -> Path:
 
 
 def write_similarity(result: Similarity, out_dir: str | Path) -> Path:
-    """Write ``similarity.csv`` (columns ``COLUMNS``) into ``out_dir``; return its path.
+    """Write ``similarity.csv`` (columns ``COLUMNS``) into ``out_dir``, and beside it
+    ``compared.json``: what was compared with what, over which samples, and how (the notes:
+    files paired although their data differ, say); return the table's path.
 
     Raises:
         OutputError: ``out_dir`` cannot be written.
     """
     with writing(out_dir) as out:
+        said = {"metric": result.metric, "file": str(result.file),
+                "other": None if result.other is None else str(result.other),
+                "keys_a": result.keys_a, "keys_b": result.keys_b, "samples": result.samples,
+                "rows": result.rows, "notes": result.notes}
+        (out / "compared.json").write_text(json.dumps(said, indent=1, default=str) + "\n")
         return write_csv(out / "similarity.csv", result.columns(), result.table())
 
 

@@ -33,6 +33,8 @@ class CompareConfig:
     bootstrap: int = 0
     # where similarity.csv, the heatmap and the RDMs go; null: <file's folder>/<file stem>_compare
     out_dir: str | None = None
+    # replace the findings an out_dir holds already (otherwise such a folder is refused)
+    overwrite: bool = False
     # rsa: an RDM is N x N, so it is made of at most this many samples (a seeded subset)
     rdm_samples: int | None = 2000
     # rsa: also write the RDMs to <out_dir>/rdms.h5 (for rsatoolbox)
@@ -45,5 +47,9 @@ class CompareConfig:
     memory_mb: float = 2048
     # cka: auto | features (D x D sums per key) | gram (N x N Gram blocks); auto picks by width
     accumulate: str = "auto"
+    # pair the rows of two files made from different datasets by /index all the same (their
+    # data fingerprints differ: say that their indices name the same samples); noted in
+    # compared.json
+    pair_anyway: bool = False
     # also draw similarity.png (needs matplotlib)
     plot: bool = True

@@ -11,8 +11,9 @@ import numpy as np
 
 from probe.analyses.stats import match_index, read_rows
 from probe.errors import ConfigError, DataError
-from probe.file.format import INPUT_IDS
+from probe.file.format import INPUT_IDS, Attr
 from probe.file.read import FeatureFile
+from probe.file.recorded import loads
 
 __all__ = ["Pairing", "pair_rows"]
 
@@ -29,15 +30,20 @@ class Pairing:
     index: np.ndarray
     samples: int  # samples (documents) shared
     per_token: bool
+    # where the files' data differ and they were paired anyway (pair_anyway): what differs
+    anyway: str | None = None
 
 
 def pair_rows(fa: FeatureFile, keys_a: list[str], fb: FeatureFile | None = None,
-              keys_b: list[str] | None = None) -> Pairing:
+              keys_b: list[str] | None = None, *, anyway: bool = False) -> Pairing:
     """The rows to compare: all of ``fa``'s when ``fb`` is None, else those both files hold.
+    Files made from different datasets (their data fingerprints differ) are refused, unless
+    ``anyway``: their /index values then name the same samples, the caller says.
 
     Raises:
         ConfigError: keys with rows per token mixed with keys with rows per sample.
-        DataError: the files share no sample, or their shared documents hold other tokens.
+        DataError: the files were made from different datasets, share no sample, or their
+            shared documents hold other tokens.
     """
     per_token = _row_kind(fa, keys_a, fb, keys_b or [])
     if fb is None:
@@ -47,6 +53,7 @@ def pair_rows(fa: FeatureFile, keys_a: list[str], fb: FeatureFile | None = None,
         if per_token:
             index = np.repeat(index, np.diff(fa.offsets))
         return Pairing(rows, rows, index, fa.num_rows, per_token)
+    different = _different_data(fa, fb, anyway)
     docs_a, docs_b = match_index(fa.index, fb.index)
     if len(docs_a) == 0:
         raise DataError(
@@ -57,7 +64,7 @@ def pair_rows(fa: FeatureFile, keys_a: list[str], fb: FeatureFile | None = None,
              fa.num_rows, fb.path.name, fb.num_rows)
     index = fa.index[docs_a]
     if not per_token:
-        return Pairing(docs_a, docs_b, index, len(docs_a), False)
+        return Pairing(docs_a, docs_b, index, len(docs_a), False, different)
     rows_a, lengths_a = _token_rows(fa.offsets, docs_a)
     rows_b, lengths_b = _token_rows(fb.offsets, docs_b)
     differ = np.flatnonzero(lengths_a != lengths_b)
@@ -73,7 +80,38 @@ def pair_rows(fa: FeatureFile, keys_a: list[str], fb: FeatureFile | None = None,
             f"sample {sample} ({int(lengths_a[differ[0]])} and {int(lengths_b[differ[0]])} "
             "rows), so their token rows cannot be paired; compare one row per document: run "
             "probe with tokens=last or tokens=mean")
-    return Pairing(rows_a, rows_b, np.repeat(index, lengths_a), len(docs_a), True)
+    return Pairing(rows_a, rows_b, np.repeat(index, lengths_a), len(docs_a), True, different)
+
+
+def _different_data(fa: FeatureFile, fb: FeatureFile, anyway: bool) -> str | None:
+    """What differs between the datasets two files were made from (None: nothing, or a file
+    made before data fingerprints were kept).
+
+    Raises:
+        DataError: they differ, and not ``anyway``.
+    """
+    a, b = (loads(f.attrs.get(Attr.DATA_FINGERPRINT)) for f in (fa, fb))
+    if a is None or b is None:
+        return None
+    parts = [part for part in sorted(set(a) & set(b)) if a[part] != b[part]]
+    if not parts:
+        return None
+    said = (f"file={str(fa.path)!r} was made from {_source(fa)} and other={str(fb.path)!r} "
+            f"from {_source(fb)}, whose data fingerprints differ ({', '.join(parts)})")
+    if not anyway:
+        raise DataError(f"{said}: rows that share an /index are not the same samples; compare "
+                        "files of one dataset, or set pair_anyway=true where their indices do "
+                        "name the same samples")
+    log.warning("%s; paired by /index anyway (pair_anyway=true)", said)
+    return said
+
+
+def _source(f: FeatureFile) -> str:
+    # the dataset a file's run read, in words: its factory and what it read
+    node = f.config.get("dataset") or {}
+    name = str(node.get("_target_", "a dataset")).rsplit(".", 1)[-1]
+    read = next((f"{key}={node[key]}" for key in ("path", "root", "name") if node.get(key)), "")
+    return f"{name}({read})"
 
 
 def _row_kind(fa: FeatureFile, keys_a: list[str], fb: FeatureFile | None,

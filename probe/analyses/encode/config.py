@@ -29,6 +29,8 @@ class EncodeConfig:
     max_features: int = 4096
     # where encoding.csv, scores.h5 and the plot go; null: <file's folder>/<file stem>_encode
     out_dir: str | None = None
+    # replace the findings an out_dir holds already (otherwise such a folder is refused)
+    overwrite: bool = False
     # fixes the folds and the projection
     seed: int = 0
     # cpu | cuda | cuda:N | auto: where the ridge is solved (float64)

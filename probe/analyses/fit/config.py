@@ -16,6 +16,8 @@ class FitConfig:
     keys: list[str] | None = None
     # where the table and plot go; null: <file's folder>/<file stem>_fit
     out_dir: str | None = None
+    # replace the findings an out_dir holds already (otherwise such a folder is refused)
+    overwrite: bool = False
     # share of the rows held out for testing; ignored when `folds` is set
     test_fraction: float = 0.25
     # k-fold cross-validation instead of one held-out split (every row is tested once)

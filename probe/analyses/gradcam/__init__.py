@@ -76,13 +76,14 @@ def default_output(path: str | Path) -> Path:
 def write_gradcam(path: str | Path, layer: str | None = _Defaults.layer,
                   output: str | Path | None = _Defaults.output,
                   normalize: bool = _Defaults.normalize,
-                  block_rows: int | None = _Defaults.block_rows) -> Path:
+                  block_rows: int | None = _Defaults.block_rows,
+                  overwrite: bool = _Defaults.overwrite) -> Path:
     """Compute the Grad-CAM map of every row of ``path`` and store them in a new file.
 
     The rows are read in blocks of whole HDF5 chunks, so the file may be larger than memory.
     The new file holds ``index`` and ``target`` (copied), ``<layer>/gradcam`` (N, H, W) and the
-    run's ``config``; it is written as ``<output>.partial`` and renamed once complete, replacing
-    any earlier file at ``output``.
+    run's ``config``; it is written as ``<output>.partial`` and renamed once complete. A file
+    at ``output`` already is refused unless ``overwrite``, which replaces it.
 
     Args:
         path: a finished probe file with ``<layer>/output`` and ``<layer>/grad_output``.
@@ -90,6 +91,7 @@ def write_gradcam(path: str | Path, layer: str | None = _Defaults.layer,
         output: the file to write; None for ``default_output(path)``.
         normalize: scale each map to a maximum of 1 (see ``gradcam``).
         block_rows: rows computed at a time; None for whole chunks of about 64 MiB.
+        overwrite: replace a file at ``output``.
 
     Returns:
         The path of the written file.
@@ -105,6 +107,9 @@ def write_gradcam(path: str | Path, layer: str | None = _Defaults.layer,
         if target.resolve() == f.path.resolve():
             raise ConfigError(f"output={str(target)!r} is the input file; the input is never "
                               "modified: choose another output")
+        if target.exists() and not overwrite:
+            raise OutputError(f"output={str(target)!r} holds earlier Grad-CAM maps; choose "
+                              "another output, or set overwrite=true to replace them")
         if block_rows is not None and int(block_rows) < 1:
             raise ConfigError(f"block_rows={block_rows} must be at least 1, or null")
         row_bytes = 2 * acts.dtype.itemsize * int(np.prod(acts.shape[1:]))

@@ -14,8 +14,10 @@ class GradcamConfig:
     file: str | None = None
     # the conv layer whose output and grad_output make the maps; null: the only such layer
     layer: str | None = None
-    # the HDF5 file to write; null: <file's folder>/<file stem>_gradcam.h5 (replaced if there)
+    # the HDF5 file to write; null: <file's folder>/<file stem>_gradcam.h5
     output: str | None = None
+    # replace a file at output (otherwise it is refused: findings never replace findings unasked)
+    overwrite: bool = False
     # scale each stored map to a maximum of 1 (a map that is all 0 stays 0)
     normalize: bool = False
     # samples in the montage PNG (<output stem>.png); 0: no PNG
