@@ -7,10 +7,11 @@
     python -m probe.gradcam    probe.commands.gradcam   Grad-CAM maps of a file
     python -m probe.compare    probe.commands.compare   CKA and RSA between stored keys
     python -m probe.encode     probe.commands.encode    ridge encoding models of stored keys
+    python -m probe.export     probe.commands.export    a file in the next tool's format
 
-Everything here parses, calls the library (probe.pipeline, probe.file.merge, probe.analyses,
-...) and prints; nothing in the library imports this package. A user error (a ProbeError) is
-one line and status 1; a run stopped by a signal says so and exits with 128 + the signal.
+Everything here parses, calls the library and prints; the library never imports it. A user
+error (a ProbeError, or Hydra's refusal of the command line: probe.commands.overrides) is one
+line and status 1; a run stopped by a signal says so and exits with 128 + the signal.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 from collections.abc import Callable
 
 from probe.commands.flags import refuse_unknown_flags
+from probe.commands.overrides import hydra_refusals
 from probe.config import CONFIG_DIR, folders  # noqa: F401  (folders: the run folder's resolver)
 from probe.errors import ProbeError, RunStopped
 
@@ -30,8 +32,7 @@ log = logging.getLogger("probe")
 
 
 def exit_on_user_error(task: Callable) -> Callable:
-    """Wrap a command so that a ProbeError prints one line and exits non-zero (1, or a stopped
-    run's 128 + signal), not a traceback. The line also goes to the log (a run's probe.log)."""
+    """A command whose ProbeError is one line and status 1 (a stopped run's: 128 + signal)."""
 
     @functools.wraps(task)
     def wrapped(*args, **kwargs):
@@ -48,8 +49,7 @@ def exit_on_user_error(task: Callable) -> Callable:
     return wrapped
 
 
-def to_log_files(level: int, message: str) -> None:
-    # the console already gets the printed line; the run's log file should have it too
+def to_log_files(level: int, message: str) -> None:  # the printed line, in the run's log
     record = log.makeRecord(log.name, level, __file__, 0, message, None, None)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
@@ -58,10 +58,9 @@ def to_log_files(level: int, message: str) -> None:
 
 def hydra_command(config_name: str, prog: str, schema: type | None = None
                   ) -> Callable[[Callable], Callable[[], None]]:
-    """``hydra.main`` on probe's config folder with ``config_name`` (its ``schema``: the
-    run's unless given), for a task that is already wrapped by ``exit_on_user_error``;
-    ``prog`` (``python -m probe.layers``) names the command in the one line that refuses a
-    flag Hydra does not know."""
+    """``hydra.main`` on probe's config folder with ``config_name`` (its ``schema``: the run's
+    unless given), for a task wrapped by ``exit_on_user_error``; ``prog`` (``python -m
+    probe.layers``) names the command in the one line that refuses an unknown flag."""
     import hydra
 
     from probe.config.compose import register
@@ -75,6 +74,7 @@ def hydra_command(config_name: str, prog: str, schema: type | None = None
 
         def checked() -> None:
             refuse_unknown_flags(sys.argv[1:], prog)
-            main()
+            with hydra_refusals(sys.argv[1:]):
+                main()
         return checked
     return wrap

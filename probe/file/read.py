@@ -56,7 +56,7 @@ def open(path: str | Path, *, allow_partial: bool = False) -> FeatureFile:  # no
         allow_partial: read the committed rows of a file whose run has not finished.
 
     Raises:
-        FileNotFoundError: no such file.
+        DataError: no such file (a FileNotFoundError), or not a probe file.
         OutputError: the run that writes it has not finished (and not ``allow_partial``).
     """
     return FeatureFile(path, allow_partial=allow_partial)
@@ -71,8 +71,6 @@ def open_checked(path: str | Path) -> FeatureFile:
         OutputError: the run that writes it has not finished.
     """
     path = Path(path).expanduser()
-    if not path.exists() and not partial_path(path).exists():
-        raise DataError(f"file={str(path)!r} does not exist; pass the .h5 file a probe run wrote")
     return FeatureFile(path, label="file=", fix="run the same probe command again to finish it")
 
 
@@ -100,8 +98,9 @@ class FeatureFile(Mapping):
                 raise OutputError(f"{label}{str(path)!r} is not finished (only "
                                   f"{partial_path(path).name} is there): {going}; {fix}")
             path = partial_path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"no probe file at {str(path)!r}")
+        if not path.exists():  # a DataError is a FileNotFoundError too
+            raise DataError(f"{label}{str(path)!r} does not exist; pass the .h5 file a probe "
+                            "run wrote")
         self.path = path
         _register_extra_filters()
         try:
