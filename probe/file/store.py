@@ -121,6 +121,7 @@ class Store:
     def __init__(self, path: Path, *, config_yaml: str, num_rows: int | None,
                  datasets: Mapping[str, DatasetSpec], has_target: bool = True,
                  per_position: bool = False, num_positions: int | None = None,
+                 most_rows: int | None = None, most_positions: int | None = None,
                  resume_from: int = 0, resume_skipped: int = 0,
                  filters: Mapping | None = None, attrs: Mapping | None = None,
                  locking: bool | str | None = None):
@@ -128,6 +129,10 @@ class Store:
         # dataset read as it comes): num_samples is then -1 until finish()
         self.path, self.num_rows, self.num_positions = Path(path), num_rows, num_positions
         self.per_position = per_position
+        # what a chunk is sized by where the counts are not known: a bound or an estimate (rows
+        # a pass adds as it goes, a feed that counts them only as it reads); a small run makes
+        # a small file
+        self._most = (num_rows or most_rows, num_positions or most_positions)
         # HDF5 filter options (filter_options), applied to the layers' datasets
         self.filter = dict(filters or {})
         self.partial = partial_path(self.path)
@@ -210,7 +215,7 @@ class Store:
             # without a fill value to write first, HDF5 may write a new chunk directly (no cache);
             # every row is written before it is read, so the fill value would never be seen
             options = {"fill_time": "never"}
-        rows = (self.num_positions if spec.per_position else self.num_rows) or _UNKNOWN_ROWS
+        rows = self._most[spec.per_position] or _UNKNOWN_ROWS
         dataset = f.create_dataset(
             name, shape=(0, *spec.row_shape), maxshape=(None, *spec.row_shape), dtype=dtype,
             chunks=chunk_shape(spec.row_shape, dtype.itemsize, max(1, rows),

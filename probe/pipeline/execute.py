@@ -86,7 +86,9 @@ def _write(plan: Plan, stop: StopRequest) -> Path:
             store = Store(plan.path, config_yaml=plan.config_yaml,
                           num_rows=plan.num_rows, datasets=plan.datasets,
                           has_target=plan.has_target, per_position=plan.per_position,
-                          num_positions=plan.num_positions, resume_from=plan.resume_rows,
+                          num_positions=plan.num_positions,
+                          most_rows=plan.most_rows,
+                          most_positions=plan.most_positions, resume_from=plan.resume_rows,
                           resume_skipped=plan.resume_skipped, filters=plan.filters,
                           attrs=plan.attrs, locking=plan.output.locking)
             with store, BackgroundWriter(store, commit_every_batches=out.commit_every,

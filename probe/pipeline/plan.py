@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -88,6 +89,9 @@ class Plan:
     datasets: dict[str, DatasetSpec] = field(default_factory=dict)
     attrs: dict = field(default_factory=dict)
     num_positions: int | None = None  # rows per position in all, where the run stores those
+    # the same where only a bound or an estimate is known (what chunks are sized by)
+    most_positions: int | None = None
+    estimated_bytes: int | None = None  # what the rows still to write take on disk, about
     dry_run_seconds: float = 0.0
 
     @property
@@ -105,6 +109,11 @@ class Plan:
         if isinstance(self.selection, OpenSelection) or self.config.skip_bad:
             return None
         return len(self.selection)
+
+    @property
+    def most_rows(self) -> int | None:
+        """The rows this job stores at most (None: not known before it ends)."""
+        return None if isinstance(self.selection, OpenSelection) else len(self.selection)
 
     @property
     def per_position(self) -> bool:
@@ -194,20 +203,23 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     if config.skip_bad:
         datasets[SKIPPED] = DatasetSpec((), "int64", {Attr.DIMS: ["skipped"]},
                                         compressible=False)
-    positions, exact = compute.positions(
-        feed.stored_positions(dataset, selection)
-        if any(spec.per_position for spec in datasets.values()) else None)
+    positions, counted = _positions(compute, feed, dataset, selection, datasets, shown)
 
     # 4. what it takes: said in the log, and checked against the free disk space
     sample_bytes, position_bytes = _row_bytes(datasets, with_target)
-    _log_plan(config, output.path, capture, device, selection, positions, exact, sample_bytes,
+    _log_plan(config, output.path, capture, device, selection, positions, counted, sample_bytes,
               position_bytes)
+    estimated = None
     if isinstance(selection, OpenSelection):
         log.info("the number of samples is not known before they are read: free space is not "
                  "checked")
-    elif out.check_free_space:
+    else:
         left = 0 if positions is None else int(positions[resume[0]:].sum())
-        output.check_space(sample_bytes * (len(selection) - resume[0]) + position_bytes * left)
+        first_bound = _INT64 if positions is not None and not resume[0] else 0  # the bound 0
+        estimated = (first_bound + sample_bytes * (len(selection) - resume[0])
+                     + position_bytes * left)
+        if out.check_free_space:
+            output.check_space(estimated)
     attrs = {**_root_attrs(config, capture, shown, objective_name), **feed.attrs(dataset),
              **library_versions(), **{key: dumps(value) for key, value in fingerprints.items()}}
     return Plan(**decided, resume_from=resume[0], resume_rows=resume[1],
@@ -216,8 +228,9 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
                 batching=batching, selection=selection, has_target=with_target,
                 objective=objective, capture=capture, compute=compute, datasets=datasets,
                 attrs=attrs,
-                num_positions=None if positions is None or not exact else int(positions.sum()),
-                dry_run_seconds=dry_run_seconds)
+                num_positions=None if positions is None or counted else int(positions.sum()),
+                most_positions=None if positions is None else int(positions.sum()),
+                estimated_bytes=estimated, dry_run_seconds=dry_run_seconds)
 
 
 _LARGE_ROWS = 1 << 20  # bytes per sample of rows padded to the longest, above which the plan warns
@@ -248,7 +261,7 @@ def _specs(capture: Capture, transforms: dict[str, KeyTransform]) -> dict[str, D
     return specs
 
 
-_INT64 = 8  # bytes of an /index, /target or /offsets entry
+_INT64 = 8  # bytes of an entry of /index, /target or the bounds of rows per position
 
 
 def _row_bytes(datasets: dict[str, DatasetSpec], with_target: bool) -> tuple[int, int]:
@@ -259,6 +272,23 @@ def _row_bytes(datasets: dict[str, DatasetSpec], with_target: bool) -> tuple[int
     sample = _INT64 * (1 + with_target + per_position) + sum(
         spec.row_bytes for spec in datasets.values() if not spec.per_position)
     return sample, sum(spec.row_bytes for spec in datasets.values() if spec.per_position)
+
+
+def _positions(compute: Pass, feed: Feed, dataset: Dataset, selection: Selection,
+               datasets: dict[str, DatasetSpec], shown: DryRun
+               ) -> tuple[np.ndarray | None, str]:
+    """The rows each sample stores where they are one per position (None: they are not, or
+    the samples are not known before the run), and how they are known: "" exactly, "at most "
+    (a pass that adds rows as it goes), or "about " (a feed that cannot count them before the
+    run: each sample taken as long as the dry run's)."""
+    if not any(spec.per_position for spec in datasets.values()):
+        return None, ""
+    stored, said = feed.stored_positions(dataset, selection), ""
+    if stored is None and not isinstance(selection, OpenSelection) and \
+            shown.layout.lengths is not None:
+        stored, said = np.full(len(selection), int(shown.layout.lengths.max())), "about "
+    positions, exact = compute.positions(stored)
+    return positions, said or ("" if exact else "at most ")
 
 
 def _dry_batches(feed: Feed, dataset: Dataset, selection: Selection, skip_bad: bool) -> list:
@@ -327,7 +357,7 @@ def _batching(config: ProbeConfig, feed: Feed, device: torch.device) -> Batching
 
 
 def _log_plan(config: ProbeConfig, path: Path, capture: Capture, device: torch.device,
-              selection: Selection, positions, exact: bool, sample_bytes: int,
+              selection: Selection, positions, counted: str, sample_bytes: int,
               position_bytes: int) -> None:
     for name in config.layers:
         if is_glob(name):
@@ -337,8 +367,8 @@ def _log_plan(config: ProbeConfig, path: Path, capture: Capture, device: torch.d
     elif positions is None:
         size = f"{len(selection)} samples of {human_bytes(sample_bytes)}"
     else:
-        size = (f"{len(selection)} samples, {'' if exact else 'at most '}"
-                f"{int(positions.sum())} positions of {human_bytes(position_bytes)}")
+        size = (f"{len(selection)} samples, {counted}{int(positions.sum())} positions of "
+                f"{human_bytes(position_bytes)}")
     log.info("model %s on %s; %d layers x %s; %s -> %s", type(capture.model).__name__, device,
              len(capture.layers), [kind.hook for kind in capture.kinds], size, path)
     if config.output.compression.name == "lzf":
