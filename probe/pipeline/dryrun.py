@@ -95,10 +95,11 @@ def _forward(family, feed, model: nn.Module, batch: Batch):
             name = running[-1] if running else "the model"
             kind = type(dict(model.named_modules())[name]).__name__ if running else ""
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            what = (f"one sample of {feed.describe(batch)}" if len(batch) == 1 else
+                    f"a padded batch of {len(batch)} samples of {feed.describe(batch)}")
             raise ConfigError(
-                f"the model fails on one sample of {feed.describe(batch)} in {name}"
-                f"{f' ({kind})' if kind else ''}: {reason}; check that the inputs suit the "
-                f"model ({feed.hint})"
+                f"the model fails on {what} in {name}{f' ({kind})' if kind else ''}: {reason}; "
+                f"check that the inputs suit the model ({feed.hint})"
             ) from None
 
 

@@ -88,8 +88,13 @@ class GenerationPass:
         settings = (self.settings if most is None else
                     replace(self.settings, max_new_tokens=most))
         with self._seeded(batch), torch.inference_mode(), self.capture.batch() as rows:
-            answers = self.family.generate(self.model, inputs, settings,
-                                           all_logits=self.all_logits)
+            try:
+                answers = self.family.generate(self.model, inputs, settings,
+                                               all_logits=self.all_logits)
+            except ConfigError as err:  # said of the user's count, not the rehearsal's
+                said = f"generate.max_new_tokens={settings.max_new_tokens}"
+                real = f"generate.max_new_tokens={self.settings.max_new_tokens}"
+                raise ConfigError(str(err).replace(said, real)) from None
         layout = self.family.layout(self.model, batch).with_positions(
             lambda prompts: self._answered(answers, mask, keep, prompts))
         return rows, layout, answers, ids.shape[1]

@@ -85,9 +85,23 @@ def _unknown_layer_message(pattern: str, names: list[str]) -> str:
     close = difflib.get_close_matches(pattern, names, n=5, cutoff=0.5)
     hint = f" Closest: {', '.join(close)}." if close else ""
     return (
-        f"layer {pattern!r} matches no module of the model.{hint} "
+        f"layer {pattern!r} matches no module of the model.{hint}{_prefix_hint(pattern, names)} "
         "List them all with: python -m probe.layers model=<your model>"
     )
+
+
+def _prefix_hint(pattern: str, names: list[str]) -> str:
+    # a model built without the wrapper that holds it (a Hugging Face model.head=base, GPT2Model
+    # where GPT2LMHeadModel names its modules transformer.h.N) names them without its prefix
+    parts = pattern.split(".")
+    for cut in range(1, len(parts)):
+        shorter = ".".join(parts[cut:])
+        if match_layers(names, shorter):
+            prefix = ".".join(parts[:cut]) + "."
+            return (f" This model names it without {prefix!r}: {shorter!r} (a model built "
+                    "without the head that wraps it, as model.head=base builds one, has no "
+                    "such prefix).")
+    return ""
 
 
 @dataclass(frozen=True)

@@ -131,15 +131,17 @@ class TextFeed(Feed):
     def dry_batches(self, dataset: Sequences, index: int) -> list[Batch]:
         """The sample alone, and again one position shorter (or, for a sample of one token,
         one longer with padding): a captured tensor whose second axis follows the length is a
-        token layout. Never longer than the sample, which may fill the model's positions."""
+        token layout; then both in one batch, the shorter padded, as the run's batches are (a
+        model whose masks fail on padding says so before any file exists). Never longer than
+        the sample, which may fill the model's positions."""
         row = LoadedItems(dataset, [index])[0]
         if isinstance(row[1], str):
             raise DataError(row[1])
         if len(row[1]["input_ids"]) < 2:
             return [self.collate([row]), self.collate([row], extra=1)]
-        shorter = {key: value[:-1] if isinstance(value, torch.Tensor) else value
-                   for key, value in row[1].items()}
-        return [self.collate([row]), self.collate([(row[0], shorter)])]
+        shorter = (row[0], {key: value[:-1] if isinstance(value, torch.Tensor) else value
+                            for key, value in row[1].items()})
+        return [self.collate([row]), self.collate([shorter]), self.collate([row, shorter])]
 
     def collate(self, rows: list[tuple[int, dict | str]], extra: int = 0,
                 skip_bad: bool = False) -> Batch:
