@@ -206,6 +206,23 @@ def test_hydras_refusals_are_one_line_with_the_value(tmp_path, override, said):
     assert "HYDRA_FULL_ERROR" not in result.stderr and no_h5_files(tmp_path)
 
 
+@pytest.mark.parametrize("overrides, value", [
+    (["device=cuda:7"], "device='cuda:7'"), (["limit=-1"], "limit=-1"),
+    (["shard.index=3", "shard.count=2"], "shard.index=3, shard.count=2"),
+    (["hooks=[backward]", "objective=top5"], "objective='top5'"),
+    (["layers=[nope]"], "layer 'nope'"), (["reduce_by_layer={nope:mean}"], "'nope'"),
+    (["dataset.num_samples=-2"], "dataset.num_samples=-2"), (["batch_size=0"], "batch_size=0"),
+    (["batch_tokens=3"], "batch_tokens=3"), (["num_workers=-1"], "num_workers=-1"),
+    (["output.file_locking=sometimes"], "output.file_locking='sometimes'"),
+    (["output.compression=gzip", "output.compression_level=42"],
+     "output.compression_level=42"),
+])
+def test_every_refusal_quotes_the_value_it_refuses(tmp_path, overrides, value):
+    line = error_line(cli(*TINY_NET, "layers=[fc]", *overrides, cwd=tmp_path))
+    assert value in line, line
+    assert no_h5_files(tmp_path)
+
+
 def test_the_compare_command_says_a_missing_list_bracket_in_one_line(tmp_path):
     line = error_line(cli("file=a.h5", "keys=transformer.h.1", cwd=tmp_path,
                           module="probe.compare"))

@@ -348,8 +348,8 @@ def _resume_point(output: Output, selection: Selection,
 
 def _batching(config: ProbeConfig, feed: Feed, device: torch.device) -> Batching:
     if config.batch_tokens is not None and not feed.positions:
-        raise ConfigError("batch_tokens is a budget of padded positions per batch, for "
-                          "batches of sequences; use batch_size for this dataset")
+        raise ConfigError(f"batch_tokens={config.batch_tokens} is a budget of padded positions "
+                          "per batch, for batches of sequences; use batch_size for this dataset")
     return Batching(config.batch_size, config.batch_tokens,
                     bucket=config.bucket_by_length and feed.positions,
                     num_workers=config.num_workers, pin_memory=device.type == "cuda",
