@@ -52,12 +52,13 @@ def one_line(err: Exception, args: list[str]) -> str:
     if first.startswith("Could not override"):  # a key the config does not have
         added = next((line for line in lines if line.startswith("To append")), "")
         return f"{first.rstrip('.')}: {cause[0] if cause else ''}; {added.lower()}".rstrip("; ")
-    if "Available options" in str(err):  # a group option that does not exist
-        options = [line for line in lines[lines.index(next(
-            line for line in lines if line.startswith("Available options"))) + 1:]
-            if not line.startswith(("Config search path", "provider="))]
+    heading = next((n for n, line in enumerate(lines) if line.startswith("Available options")),
+                   None)
+    if heading is not None:  # a group option that does not exist: the options, on one line
+        options = [line for line in lines[heading + 1:]
+                   if not line.startswith(("Config search path", "provider="))]
         where = re.sub(r"^In '[^']*': ", "", first)
-        return f"{where}; {lines[1].rstrip(':').lower()}: {', '.join(options)}"
+        return f"{where}; {lines[heading].rstrip(':').lower()}: {', '.join(options)}"
     bad = next((arg for arg in args if _unreadable(arg)), None)  # the grammar's refusal
     if bad is not None:
         link = re.search(r"https?://\S+", str(err))
