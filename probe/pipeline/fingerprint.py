@@ -25,10 +25,8 @@ import torch
 from torch import nn
 
 from probe.families.registry import model_libraries
-from probe.file.recorded import changes, dumps, loads
 
-__all__ = ["model_fingerprint", "data_fingerprint", "library_versions", "changes", "dumps",
-           "loads"]
+__all__ = ["model_fingerprint", "data_fingerprint", "library_versions"]
 
 
 

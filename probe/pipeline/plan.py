@@ -35,17 +35,11 @@ from probe.families.build import build_dataset, build_model
 from probe.families.registry import family_for
 from probe.file.format import SKIPPED, Attr, DatasetSpec, FileState
 from probe.file.output import Output
+from probe.file.recorded import changes, dumps, loads
 from probe.file.sizes import human_bytes
 from probe.file.store import filter_options
 from probe.pipeline.dryrun import DryRun, dry_run
-from probe.pipeline.fingerprint import (
-    changes,
-    data_fingerprint,
-    dumps,
-    library_versions,
-    loads,
-    model_fingerprint,
-)
+from probe.pipeline.fingerprint import data_fingerprint, library_versions, model_fingerprint
 from probe.pipeline.hooks import Capture
 from probe.pipeline.keys import KeyTransform, transforms_for
 from probe.pipeline.kinds import capture_kinds
