@@ -85,12 +85,14 @@ def test_the_capture_kinds_table_is_the_built_in_kinds():
 
 def test_the_passes_table_is_the_passes():
     import probe.pipeline.generation
+    import probe.pipeline.interventions
     import probe.pipeline.passes
 
+    modules = {"ForwardPass": probe.pipeline.passes, "GenerationPass": probe.pipeline.generation,
+               "Intervened": probe.pipeline.interventions}
     named = {row[0].strip("`") for row in _table("pass")}
-    assert named == {"ForwardPass", "GenerationPass"}
-    for name in named:
-        module = probe.pipeline.passes if name == "ForwardPass" else probe.pipeline.generation
+    assert named == set(modules)
+    for name, module in modules.items():
         assert _members(probe.pipeline.passes.Pass) <= set(dir(getattr(module, name)))
 
 

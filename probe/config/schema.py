@@ -203,6 +203,9 @@ class ProbeConfig:
     # a language model answers each prompt (generate.max_new_tokens > 0): see GenerateConfig
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    # the model run under a change: +intervene=<name> picks conf/intervene/<name>.yaml (or a
+    # --config-dir's), a list of {at, do, ...} (probe.pipeline.interventions.config); null: none
+    intervene: Any = None
 
     @property
     def skip_bad(self) -> bool:

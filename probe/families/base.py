@@ -7,7 +7,7 @@ differs.
                   ``detokenizer``
     FeedsAndReads a batch in, its row layout, the output read: ``place``, ``layout``,
                   ``output_lengths``, ``input_limits``, ``forward``, ``generate``,
-                  ``patterns``, ``logits``, ``objective``, ``example_batch``
+                  ``patterns``, ``heads``, ``logits``, ``objective``, ``example_batch``
     Checks        data and layers the model cannot take: ``reads``, ``towers``, ``check``,
                   ``refusal``
 
@@ -120,6 +120,15 @@ class FeedsAndReads(Protocol):
             ConfigError: the model's attention gives no patterns.
         """
 
+    def heads(self, model: nn.Module, name: str) -> tuple[str, int]:
+        """Where the heads of attention module ``name`` are: the name of the projection whose
+        input is every head's output side by side, and how many heads there are (for
+        ``do: heads`` interventions).
+
+        Raises:
+            ConfigError: the family cannot say, naming what would work.
+        """
+
     def logits(self, output) -> torch.Tensor | None:
         """The logits in the model's output, or None."""
 
@@ -211,6 +220,11 @@ class Family:
         raise ConfigError(f"hooks=[attention]: {type(model).__name__}'s attention gives no "
                           "patterns here; they come from Hugging Face models "
                           "(model=transformers), whose hooked attention modules run eager")
+
+    def heads(self, model: nn.Module, name: str) -> tuple[str, int]:
+        raise ConfigError(f"{type(model).__name__}'s family cannot say where an attention "
+                          "module's heads are (Hugging Face models' can); use do: zero or do: "
+                          "mean on the module instead")
 
     def logits(self, output) -> torch.Tensor | None:
         return first_tensor(output)[0]

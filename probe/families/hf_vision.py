@@ -33,6 +33,7 @@ from probe.errors import DataError
 from probe.families import towers as two_towers
 from probe.families.base import Family, graph_from
 from probe.families.hf_attention import eager_patterns
+from probe.families.hf_heads import attention_heads
 from probe.families.hub import place, source_of
 
 __all__ = ["VisionFamily", "TwoTowerFamily", "ImageProcessorTransform", "VISION", "TWO_TOWERS",
@@ -73,6 +74,7 @@ class VisionFamily(Family):
 
     name = "transformers-vision"
     patterns = staticmethod(eager_patterns)  # hooks=[attention] (probe.families.hf_attention)
+    heads = staticmethod(attention_heads)  # do: heads (probe.families.hf_heads)
     libraries = ("transformers",)
     reads = (DataKind.tensors,)
     place = staticmethod(place)  # a device map may spread the model (probe.families.hub)

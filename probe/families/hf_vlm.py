@@ -37,6 +37,7 @@ from probe.errors import ConfigError, DataError
 from probe.families.base import Family, graph_from
 from probe.families.hf_attention import eager_patterns
 from probe.families.hf_generation import generate, nll, top1
+from probe.families.hf_heads import attention_heads
 from probe.families.hf_vision import vision_layout
 from probe.families.hub import place, source_of, tokenizer_of
 from probe.file.format import INPUT_IDS, MODALITY, PATCH, POSITIONS
@@ -142,6 +143,7 @@ class VisionLanguageFamily(Family):
     reads = (DataKind.pairs,)
     towers = PARTS  # the listing's column: which part a layer belongs to
     patterns = staticmethod(eager_patterns)  # hooks=[attention] (probe.families.hf_attention)
+    heads = staticmethod(attention_heads)  # do: heads (probe.families.hf_heads)
     place = staticmethod(place)  # a device map may spread the model (probe.families.hub)
 
     def transform(self, model_cfg: DictConfig) -> Callable | None:

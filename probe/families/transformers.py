@@ -29,6 +29,7 @@ from probe.families import hf_audio, hf_vision, hf_vlm
 from probe.families.base import Family, graph_from
 from probe.families.hf_attention import eager_patterns
 from probe.families.hf_generation import generate, nll, top1
+from probe.families.hf_heads import attention_heads
 from probe.families.hub import (
     HEADS,
     CaptionTokenizer,
@@ -213,6 +214,7 @@ class TransformersFamily(Family):
             return model(**batch.inputs)
 
     generate = staticmethod(generate)  # probe.families.hf_generation
+    heads = staticmethod(attention_heads)  # do: heads (probe.families.hf_heads)
 
     def logits(self, output) -> torch.Tensor | None:
         return getattr(output, "logits", None)

@@ -78,6 +78,8 @@ class Attr:
     DATA_FINGERPRINT = "data_fingerprint"
     MODEL_FINGERPRINT = "model_fingerprint"
     TOKENS = "tokens"  # how token layouts became rows: all, first, last, mean, patches
+    INTERVENTIONS = "interventions"  # JSON: the run's interventions, as resolved (+intervene=)
+    INTERVENTION_FINGERPRINT = "intervention_fingerprint"  # their digest (vectors, sources)
     # each "<layer>/<kind>" dataset
     LAYER = "layer"
     HOOK = "hook"

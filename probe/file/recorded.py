@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-__all__ = ["NEUTRAL_KEYS", "MOVED_TARGETS", "ADDED_KEYS", "differing_keys", "changes", "dumps",
-           "loads"]
+__all__ = ["NEUTRAL_KEYS", "MOVED_TARGETS", "ADDED_KEYS", "QUIET_DEFAULTS", "recorded_config",
+           "differing_keys", "changes", "dumps", "loads"]
 
 # Keys that do not change what is stored: a run may resume, or find its finished file, with other
 # values of these. conf/config.yaml leaves the same keys out of the run folder's name (a test
@@ -43,6 +43,17 @@ MOVED_TARGETS = {
 ADDED_KEYS = {"generate.max_new_tokens": 0, "generate.do_sample": False,
               "generate.temperature": None, "generate.top_p": None,
               "generate.stop_at_eos": True, "generate.rows": "all"}
+
+
+# keys added after 0.2 that a file records only where set: a run that leaves them at their
+# default writes the config that 0.2 wrote
+QUIET_DEFAULTS = {"intervene": None}
+
+
+def recorded_config(values: dict) -> dict:
+    """A resolved config (as a dict) as a file records it: ``QUIET_DEFAULTS`` left out."""
+    return {key: value for key, value in values.items()
+            if key not in QUIET_DEFAULTS or value != QUIET_DEFAULTS[key]}
 
 
 def differing_keys(a: Mapping, b: Mapping, ignore: tuple[str, ...] = NEUTRAL_KEYS) -> list[str]:
@@ -73,6 +84,7 @@ _SAID = {
     "modules": lambda old, new: "its modules differ",
     "parameters": lambda old, new: "its parameter names or shapes differ",
     "weights": lambda old, new: "its weights differ",
+    "interventions": lambda old, new: "their vectors, means or source files differ",
     "code": lambda old, new: "the code of {} changed".format(", ".join(
         sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)))),
 }

@@ -10,7 +10,8 @@ which it reports in one line naming the module.
 
 from __future__ import annotations
 
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 
 import torch
@@ -43,10 +44,12 @@ class DryRun:
 
 
 def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.device,
-            objective=None) -> DryRun:
+            objective=None, around: Callable[[Batch], AbstractContextManager] | None = None
+            ) -> DryRun:
     """The raw shape of every key ``capture`` fills, from ``batches`` (one sample each; a feed
     of sequences gives two of different lengths), and what the capture is to be armed with.
-    ``objective``, for a gradient run, is checked on the model's output.
+    ``objective``, for a gradient run, is checked on the model's output; ``around`` gives
+    what the model computes each batch under (the run's interventions).
 
     Raises:
         ConfigError: a layer that does not run, a model that fails on the sample (naming the
@@ -66,7 +69,8 @@ def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.
         layouts.append(family.layout(capture.model, on_device))
         if n == 0:  # what the layout cannot store says so before the model fails on it
             layouts[0].check([], gradients=objective is not None)
-        with dry, torch.inference_mode(), suppress(StopForward):
+        with dry, (around or nullcontext)(on_device), torch.inference_mode(), \
+                suppress(StopForward):
             output = _forward(family, feed, capture.model, on_device)
             if objective is not None and n == 0:
                 objective(output, on_device)

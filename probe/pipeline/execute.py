@@ -123,6 +123,9 @@ def _write(plan: Plan, stop: StopRequest) -> Path:
              store.num_written - plan.resume_rows, human_bytes(store.bytes_written), seconds,
              units / seconds, plan.feed.unit, human_bytes(store.bytes_written / seconds),
              plan.path)
+    summary = plan.compute.summary()
+    if summary:
+        log.info("%s", summary)
     return plan.path
 
 

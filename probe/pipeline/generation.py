@@ -169,6 +169,9 @@ class GenerationPass:
         return replace(limits, positions=limits.positions - most,
                        model=f"{limits.model} less generate.max_new_tokens={most}")
 
+    def summary(self) -> str | None:
+        return None
+
     def _how(self) -> str:
         settings = self.settings
         stop = "to the end token" if settings.stop_at_eos else "past end tokens"

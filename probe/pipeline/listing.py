@@ -27,6 +27,8 @@ from probe.families.build import build_dataset, build_model
 from probe.families.registry import family_for
 from probe.families.towers import tower_of
 from probe.file.sizes import human_bytes
+from probe.pipeline.fingerprint import model_fingerprint
+from probe.pipeline.interventions import interventions_for
 from probe.pipeline.keys import key_transform
 from probe.pipeline.kinds import ATTENTION
 from probe.pipeline.modules import describe_layers
@@ -96,7 +98,20 @@ def layer_table(cfg: DictConfig) -> tuple[list[str], list[tuple[str, ...]]]:
                                     layout.lengths.numpy())
     if most is not None and not exact:
         notes.append(f"the first sample: at most {int(most[0])} rows")
+    notes.extend(_interventions(cfg, config, model, family))
     return [note for note in notes if note], rows
+
+
+def _interventions(cfg: DictConfig, config, model: nn.Module, family: Family) -> list[str]:
+    # what +intervene= changes, checked as a run checks it
+    if not config.intervene:
+        return []
+    interventions = interventions_for(cfg, model, family,
+                                      generating=bool(config.generate.max_new_tokens),
+                                      model_fingerprint=model_fingerprint(model))
+    interventions.close()
+    return ["interventions (a module after one stores the changed model's values; the "
+            "module itself its changed output): " + "; ".join(interventions.touched())]
 
 
 def _first_sample(cfg: DictConfig, family: Family, model: nn.Module

@@ -62,11 +62,16 @@ class Pass(Protocol):
             ConfigError: what cannot work, in one line.
         """
 
+    def summary(self) -> str | None:
+        """What the pass did over the run, beyond computing its batches, for the run's last
+        log line (interventions: where they applied); None: nothing to say."""
+
 
 def pass_for(config: ProbeConfig, model_cfg: DictConfig, family: Family, model: nn.Module,
              capture: Capture | None, objective: Objective | None = None) -> Pass:
     """How each batch of the run that ``config`` describes is computed: a forward pass, or
-    the model's generation (``generate.max_new_tokens``).
+    the model's generation (``generate.max_new_tokens``). Interventions wrap either
+    (probe.pipeline.interventions.Intervened).
 
     Raises:
         ConfigError: generation asked of a model that does not generate text.
@@ -124,3 +129,6 @@ class ForwardPass:
 
     def rehearse(self, batch: Batch) -> None:
         pass  # the dry run is this pass's rehearsal
+
+    def summary(self) -> str | None:
+        return None

@@ -12,6 +12,7 @@ Tests and benchmarks pass their own model or dataset::
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -35,12 +36,13 @@ from probe.families.build import build_dataset, build_model
 from probe.families.registry import family_for
 from probe.file.format import SKIPPED, Attr, DatasetSpec, FileState
 from probe.file.output import Output
-from probe.file.recorded import changes, dumps, loads
+from probe.file.recorded import changes, dumps, loads, recorded_config
 from probe.file.sizes import human_bytes
 from probe.file.store import filter_options
 from probe.pipeline.dryrun import DryRun, dry_run
 from probe.pipeline.fingerprint import data_fingerprint, library_versions, model_fingerprint
 from probe.pipeline.hooks import Capture
+from probe.pipeline.interventions import Intervened, interventions_for
 from probe.pipeline.keys import KeyTransform, transforms_for
 from probe.pipeline.kinds import capture_kinds
 from probe.pipeline.modules import is_glob, lays_channels_first, match_layers
@@ -128,7 +130,7 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     out = config.output
     filters = filter_options(out.compression.name, out.compression_level)
     device = resolve_device(config.device)
-    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    config_yaml = OmegaConf.to_yaml(recorded_config(OmegaConf.to_container(cfg, resolve=True)))
     output = Output(out.path, config_yaml, locking=out.file_locking, overwrite=out.overwrite)
     found = output.found
     decided = {"config": config, "config_yaml": config_yaml, "output": output,
@@ -139,6 +141,13 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     dataset = build_dataset(cfg) if dataset is None else dataset
     fingerprints = {Attr.MODEL_FINGERPRINT: model_fingerprint(model),
                     Attr.DATA_FINGERPRINT: data_fingerprint(dataset)}
+    # what the model runs under (+intervene=): their vectors and sources are part of the inputs
+    family = family_for(cfg.model, model)
+    interventions = interventions_for(cfg, model, family,
+                                      generating=bool(config.generate.max_new_tokens),
+                                      model_fingerprint=fingerprints[Attr.MODEL_FINGERPRINT])
+    if interventions:
+        fingerprints[Attr.INTERVENTION_FINGERPRINT] = interventions.fingerprint()
     if found is not None:
         _require_same_inputs(found, fingerprints)
         if found.complete:
@@ -147,11 +156,12 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
                          found.path, output.path.name)
             else:
                 log.info("%s is already complete for this config; nothing to do", output.path)
+            interventions.close()
             return Plan(**decided, resume_from=None)
 
     # 3. what to compute: the family and the feed, the hooks, the samples, the objective, and
     # a dry run that finds how every key is stored
-    family, feed = family_for(cfg.model, model), feed_for(dataset)
+    feed = feed_for(dataset)
     model, device = family.place(model.eval(), device, config.device)
     kinds = capture_kinds(config.hooks)
     objective, objective_name = (make_objective(config.objective, family, model)
@@ -161,6 +171,8 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
                       stop_early=config.stop_early, family=family)
     family.check(model, feed, capture.reduces)
     compute = pass_for(config, cfg.model, family, model, capture, objective)
+    if interventions:
+        compute = Intervened(compute, interventions)
     feed = feed.for_model(family.output_lengths(model))
     batching = _batching(config, feed, device)
     selection = _selection(config, dataset)
@@ -176,7 +188,8 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
             f"with targets ({feed.targets_hint})"
         )
     started = time.perf_counter()
-    shown = dry_run(capture, family, feed, batches, device, objective)
+    shown = dry_run(capture, family, feed, batches, device, objective,
+                    around=interventions.rehearsing)
     dry_run_seconds = time.perf_counter() - started
     layout = compute.rows(shown.layout)  # the layout of the rows stored
     layout.check(shown.plain, capture.needs_grad)
@@ -214,7 +227,11 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
                      + position_bytes * left)
         if out.check_free_space:
             output.check_space(estimated)
+    if interventions:
+        log.info("interventions: %s", "; ".join(interventions.touched()))
     attrs = {**_root_attrs(config, capture, shown, objective_name), **feed.attrs(dataset),
+             **({Attr.INTERVENTIONS: json.dumps(interventions.record())} if interventions
+                else {}),
              **library_versions(), **{key: dumps(value) for key, value in fingerprints.items()}}
     return Plan(**decided, resume_from=resume[0], resume_rows=resume[1],
                 resume_skipped=resume[2], device=device, model=model, family=family,
@@ -371,15 +388,22 @@ def _log_plan(config: ProbeConfig, path: Path, capture: Capture, device: torch.d
                  "0, h5diff 2). Use gzip for files that leave Python")
 
 
+_NO_INTERVENTIONS = {"interventions": None}  # the fingerprint of a run without any
+
+
 def _require_same_inputs(found: FileState, fingerprints: dict) -> None:
-    # the same config made from another model or other data would give other values
-    for key, what in ((Attr.DATA_FINGERPRINT, "dataset"), (Attr.MODEL_FINGERPRINT, "model")):
-        stored = loads(found.attrs.get(key))
-        if stored is None:  # written before fingerprints were kept
+    # the same config made from another model or other data would give other values, or under
+    # interventions whose vectors or sources changed
+    for key, what in ((Attr.DATA_FINGERPRINT, "dataset"), (Attr.MODEL_FINGERPRINT, "model"),
+                      (Attr.INTERVENTION_FINGERPRINT, "interventions")):
+        stored, current = loads(found.attrs.get(key)), fingerprints.get(key)
+        if key == Attr.INTERVENTION_FINGERPRINT:  # a run without any records none
+            stored, current = stored or _NO_INTERVENTIONS, current or _NO_INTERVENTIONS
+        elif stored is None:  # written before fingerprints were kept
             log.warning("%s records no %s fingerprint; assuming the %s is the same", found.path,
                         what, what)
             continue
-        said = changes(stored, fingerprints[key])
+        said = changes(stored, current)
         if said:
             started = "written" if found.complete else "started"
             raise OutputError(
