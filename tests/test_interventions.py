@@ -423,3 +423,58 @@ def test_heads_set_to_a_files_mean_and_a_vector_from_a_probe_file(make_cfg, tiny
              ("transformer.h.1.attn.c_proj", "pre", head_to_mean)]
     for rows, ids in _rows(path, "transformer.h.1/output"):
         np.testing.assert_allclose(rows, _alone(model, ids, "transformer.h.1", hooks), atol=1e-5)
+
+
+def test_the_shards_of_an_intervened_run_merge_into_the_whole_run(make_cfg, tiny_lm, corpus,
+                                                                  tmp_path):
+    from probe.file.merge import merge
+
+    np.save(tmp_path / "v.npy", np.ones(32, np.float32))
+    items = [{"at": "transformer.h.0", "do": "add", "vector": str(tmp_path / "v.npy")}]
+    whole = probe.run(_cfg(make_cfg, tiny_lm, corpus, "transformer.h.1", items,
+                           output=tmp_path / "whole.h5"))
+    shards = [probe.run(_cfg(make_cfg, tiny_lm, corpus, "transformer.h.1", items,
+                             f"shard.index={i}", "shard.count=2",
+                             output=tmp_path / f"shard{i}.h5")) for i in range(2)]
+    merged = merge(tmp_path / "merged.h5", shards, copy=True)
+    with h5py.File(whole) as a, h5py.File(merged) as b:
+        assert a.attrs["interventions"] == b.attrs["interventions"]
+    for (rows, ids), (merged_rows, merged_ids) in zip(  # the same samples, by their ids
+            sorted(_rows(whole, "transformer.h.1/output"), key=lambda r: tuple(r[1])),
+            sorted(_rows(merged, "transformer.h.1/output"), key=lambda r: tuple(r[1])),
+            strict=True):  # batched otherwise: equal up to the order of sums
+        assert np.array_equal(ids, merged_ids)
+        np.testing.assert_allclose(rows, merged_rows, atol=1e-5)
+    np.save(tmp_path / "v.npy", np.zeros(32, np.float32))  # one shard again, another vector
+    shards[1].unlink()
+    probe.run(_cfg(make_cfg, tiny_lm, corpus, "transformer.h.1", items, "shard.index=1",
+                   "shard.count=2", output=tmp_path / "shard1.h5"))
+    with pytest.raises(OutputError, match="the interventions' vectors, means or source files"):
+        merge(tmp_path / "merged-again.h5", shards, copy=True)
+
+
+def test_a_vision_models_map_is_changed_whole_and_token_positions_are_refused(make_cfg,
+                                                                              tmp_path):
+    from tests.conftest import run_with
+    from tests.tiny import TinyNet
+
+    torch.manual_seed(0)
+    net = TinyNet().eval()
+    common = ("model=custom", "model._target_=tests.tiny.TinyNet", "dataset.image_size=8",
+              "dataset.num_samples=6", "batch_size=4", "layers=[features.3,fc]")
+    plain = run_with(make_cfg(*common, output=tmp_path / "plain.h5"), model=net)
+    cfg = make_cfg(*common, output=tmp_path / "scaled.h5")
+    cfg.intervene = OmegaConf.create([{"at": "features.3", "do": "scale", "alpha": 0.5}])
+    scaled = run_with(cfg, model=net)
+    with h5py.File(plain) as a, h5py.File(scaled) as b:
+        conv = torch.from_numpy(a["features.3/output"][:])
+        with torch.no_grad():  # the ReLU after the conv, the pool and the head, by hand
+            expected = net.fc(net.pool(torch.relu(conv * 0.5)).flatten(1))
+        np.testing.assert_allclose(b["fc/output"][:], expected.numpy(), atol=1e-6)
+        np.testing.assert_allclose(b["features.3/output"][:], conv.numpy() * 0.5, atol=1e-7)
+    cfg.intervene = OmegaConf.create([{"at": "features.3", "do": "zero", "positions": "last"}])
+    cfg.output.path = str(tmp_path / "refused" / "features.h5")
+    with pytest.raises(ConfigError, match=r"positions=last needs token positions, and this "
+                                          r"module's value, \(1, 16, 4, 4\), does not lie"):
+        run_with(cfg, model=net)
+    assert no_h5_files(tmp_path / "refused")

@@ -138,6 +138,10 @@ def _check_shards(infos: list[dict], into: tuple[int, int]) -> bool:
     for info in infos[1:]:
         differing = [k for k in differing_keys(first["config"], info["config"])
                      if k not in _SHARD_KEYS]
+        # the same interventions may have read other vectors or source files
+        key = Attr.INTERVENTION_FINGERPRINT
+        if first["attrs"].get(key) != info["attrs"].get(key):
+            differing.append("the interventions' vectors, means or source files")
         if differing:
             raise OutputError(
                 f"shard {str(info['path'])!r} comes from another config than "

@@ -17,18 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from probe.errors import ConfigError
+from probe.pipeline.interventions.operations import OPERATIONS
 
-__all__ = ["Intervention", "read_interventions", "OPERATIONS", "NAMED_POSITIONS"]
+__all__ = ["Intervention", "read_interventions", "NAMED_POSITIONS"]
 
-# each operation's keys besides at, do and positions: (required, optional)
-OPERATIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "zero": ((), ()),  # the value set to 0
-    "mean": (("from",), ()),  # set to the mean of that key's rows in a probe file
-    "heads": (("heads",), ("from",)),  # the listed heads zeroed (or set to a file's mean)
-    "add": (("vector",), ("alpha",)),  # alpha * vector added (steering)
-    "scale": (("alpha",), ()),  # multiplied by alpha
-    "patch": (("from",), ()),  # replaced by a probe file's rows of the same sample
-}
 NAMED_POSITIONS = ("all", "prompt", "answer", "last")
 
 
@@ -77,7 +69,7 @@ def _item(n: int, item) -> Intervention:
     do = item.get("do")
     if do not in OPERATIONS:
         raise ConfigError(f"{where}: do={do!r} is unknown; use any of {', '.join(OPERATIONS)}")
-    required, optional = OPERATIONS[do]
+    required, optional = OPERATIONS[do].needs, OPERATIONS[do].may
     allowed = {"at", "do", "positions", *required, *optional}
     extra = sorted(set(item) - allowed)
     if extra:

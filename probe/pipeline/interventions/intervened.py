@@ -47,7 +47,7 @@ class Intervened:
         # positions listed by number must lie in every prompt: said before the run, where the
         # feed counts them (a sample's stored positions; the run checks each batch again)
         for change in self.interventions.changes:
-            listed = change.item.positions
+            listed = change.positions
             if stored is None or isinstance(listed, str) or not len(stored):
                 continue
             shortest = int(np.min(stored))
@@ -63,7 +63,7 @@ class Intervened:
 
     def summary(self) -> str | None:
         inner = self.inner.summary()
-        said = "; ".join(f"{change.item.label}: {count}" for change, count in
+        said = "; ".join(f"{change.label}: {count}" for change, count in
                          zip(self.interventions.changes, self.applied, strict=False))
         mine = f"interventions applied at (positions, or samples) {said}" if said else None
         return "; ".join(s for s in (inner, mine) if s) or None

@@ -172,5 +172,7 @@ def _require(where: str, f: FeatureFile, key: str, path: str):
         return f[key]
     except KeyError:
         held = ", ".join(f.features) or "no layer"
+        layer, kind = key.rsplit("/", 1)
+        hooks = " hooks=[forward_pre]" if kind == "input" else ""
         raise ConfigError(f"{where}: {path!r} holds no {key!r} (it holds {held}); store it "
-                          "with a run of that layer first") from None
+                          f"first with a run of layers=[{layer}]{hooks}") from None
