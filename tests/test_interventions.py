@@ -122,7 +122,8 @@ def test_patching_every_position_with_the_runs_own_rows_changes_nothing_bit_for_
 
 def test_zero_and_mean_ablation_equal_a_hand_written_hook(make_cfg, tiny_lm, corpus, model,
                                                           tmp_path):
-    layers = "transformer.h.0.mlp,transformer.h.1"
+    # block 0's attention runs before its MLP: stored unchanged; the MLP stores its new output
+    layers = "transformer.h.0.attn,transformer.h.0.mlp,transformer.h.1"
     source = probe.run(_cfg(make_cfg, tiny_lm, corpus, layers, output=tmp_path / "source.h5"))
     with h5py.File(source) as f:
         mean = torch.from_numpy(f["transformer.h.0.mlp/output"][:].astype(np.float64)
@@ -137,6 +138,12 @@ def test_zero_and_mean_ablation_equal_a_hand_written_hook(make_cfg, tiny_lm, cor
             expected = _alone(model, ids, "transformer.h.1",
                               [("transformer.h.0.mlp", "forward", _replaced(function))])
             np.testing.assert_allclose(rows, expected, atol=1e-5, err_msg=do)
+        with h5py.File(source) as a, h5py.File(path) as b:
+            np.testing.assert_array_equal(a["transformer.h.0.attn/output"][:],
+                                          b["transformer.h.0.attn/output"][:])
+            changed = b["transformer.h.0.mlp/output"][:]
+            np.testing.assert_allclose(changed, function(torch.from_numpy(changed)).numpy(),
+                                       atol=1e-7)
 
 
 def test_listed_positions_count_back_from_the_end(make_cfg, tiny_lm, corpus, model, tmp_path):
