@@ -1,6 +1,7 @@
 """The files that probe writes are what 0.2.0 wrote, byte for byte: six runs (images with
 gradients, text with every hook, a generation, a vision-language model generating, attention
-patterns of text and of a ViT) against the goldens that 0.2.0 wrote (tests/same_files.py).
+patterns of text and of a ViT) against the goldens that 0.2.0 wrote (tests/same_files.py);
+the one addition since, the fidelity attrs of compact (float16) rows, is set apart.
 
 Floats are compared bit for bit where this machine's CPU has the capability that the goldens
 were made with (torch's kernels differ between instruction sets); elsewhere to 1e-5."""
@@ -28,7 +29,14 @@ def test_the_file_is_the_one_0_2_0_wrote(name, tmp_path):
     assert meta["root"] == golden["root"]
     assert list(meta["datasets"]) == list(golden["datasets"])  # the same, in the same order
     for key, said in golden["datasets"].items():
-        assert meta["datasets"][key] == said, key
+        # added since 0.2.0: compact rows (float16 here) say what they lost against float32
+        attrs = meta["datasets"][key]["attrs"]
+        added = {name for name in attrs if name.startswith("fidelity_")}
+        assert added in (set(), {"fidelity_rows", "fidelity_mean_relative_error",
+                                 "fidelity_max_relative_error", "fidelity_min_cosine",
+                                 "fidelity_cka"}), key
+        attrs = {name: value for name, value in attrs.items() if name not in added}
+        assert {**meta["datasets"][key], "attrs": attrs} == said, key
     with np.load(GOLDEN / f"{name}.npz", allow_pickle=False) as stored:
         expected = {key.replace("|", "/"): stored[key] for key in stored.files}
     assert sorted(arrays) == sorted(expected)

@@ -41,6 +41,14 @@ class Reduce(str, Enum):
     mean = "mean"
     max = "max"
     flatten = "flatten"
+    # the row flattened, then projected on reduce_components axes (probe.pipeline.compact)
+    pca = "pca"
+    srp = "srp"
+
+    @property
+    def projects(self) -> bool:
+        """Whether the rows are projected (pca, srp): flattened, then mapped to K values."""
+        return self in (Reduce.pca, Reduce.srp)
 
 
 class Tokens(str, Enum):
@@ -77,13 +85,15 @@ class Dtype(str, Enum):
     float32 = "float32"
     float16 = "float16"
     bfloat16 = "bfloat16"
+    # output.dtype only: e4m3 bytes with a float32 scale per row (probe.pipeline.compact)
+    float8 = "float8"
 
     @property
     def torch(self):
         """The torch dtype (torch is imported only when this is asked)."""
         import torch
 
-        return getattr(torch, self.value)
+        return torch.float8_e4m3fn if self is Dtype.float8 else getattr(torch, self.value)
 
 
 class Subset(str, Enum):
@@ -114,8 +124,12 @@ class OutputConfig:
     # replace a file that holds another config's run (otherwise such a file is refused)
     overwrite: bool = False
     # stored element type; bfloat16 is kept as its raw 16-bit pattern (HDF5 has no bfloat16),
-    # with the dataset's dtype attr saying so; probe.open reads it back as float32, exactly
+    # with the dataset's dtype attr saying so; probe.open reads it back as float32, exactly;
+    # float8: e4m3 bytes and a float32 scale per row (<layer>/<kind>_scale), decoded on read
     dtype: Dtype = Dtype.float32
+    # rows of each key kept in float32 beside their compact form (float8, float16, bfloat16,
+    # pca, srp) to measure what was lost (the fidelity_* attrs); 0: no report
+    fidelity_rows: int = 256
     # HDF5 filter; zstd needs the `zstd` extra (hdf5plugin)
     compression: Compression = Compression.none
     # gzip level 0-9 or zstd level 1-22; null means the filter's default
@@ -171,6 +185,11 @@ class ProbeConfig:
     objective: Any = "top1"
     # reduction of each captured tensor before storage
     reduce: Reduce = Reduce.none
+    # reduce=pca|srp: the values each row is projected to
+    reduce_components: int | None = None
+    # reduce=pca: the samples (the first of the selection, before sharding) whose rows the
+    # principal axes are fitted on, in a pass before the run's
+    reduce_fit_samples: int = 256
     # outputs with (batch, sequence) leading axes (language models, vision transformers): all
     # (one row per real token; padding is never stored), first, last (the last real token),
     # or mean (over the real tokens): one row per sample; patches: a vision transformer's

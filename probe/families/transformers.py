@@ -77,8 +77,9 @@ def transformers_model(name: str, weights: str | None = "pretrained", head: str 
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
+    model_dtypes = tuple(d for d in Dtype.__members__ if d != "float8")  # float8: output only
     for key, value, allowed in (("head", head, (*HEADS, "auto")),
-                                ("dtype", dtype, tuple(Dtype.__members__)),
+                                ("dtype", dtype, model_dtypes),
                                 ("weights", weights, ("pretrained", None))):
         if value not in allowed:
             choices = ", ".join("null" if a is None else a for a in allowed)

@@ -15,6 +15,11 @@ and gradcam read by it. A reader without this package needs only the layout in D
     /generated (T,)   generation: bool, true on the rows of generated tokens (after the prompt's)
     /completion (N,)  generation: str, each sample's answer, decoded, special tokens left out
     /<layer>/<kind>   (T, *S) with tokens=all (attr rows=token), else (N, *S)
+    compact rows (probe.file.encodings):
+    /<layer>/<kind>_scale  output.dtype=float8: a float32 scale per row (per query row of an
+                      attention pattern); the rows are e4m3 bytes: value = table[byte] * scale
+    /transform/<layer>/<kind>/  reduce=pca|srp: mean, components (K, D), explained_variance;
+                      a stored row is (x - mean) @ components.T
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import numpy as np
 __all__ = [
     "INDEX", "TARGET", "OFFSETS", "INPUT_IDS", "POSITIONS", "DOCUMENT", "FILE", "SKIPPED",
     "CAPTION", "TRANSCRIPT", "GENERATED", "COMPLETION", "MODALITY", "PATCH", "VALUE_NAMES",
+    "TRANSFORM", "SCALE_SUFFIX", "scale_key", "transform_path",
     "ROWS_PER_POSITION", "KINDS", "Attr",
     "DatasetSpec", "FileState", "dataset_key", "split_key", "call_key", "parse_kind",
     "dataset_names", "partial_path", "creating_path", "read_state",
@@ -48,6 +54,8 @@ GENERATED = "generated"  # generation: whether each token row is a generated tok
 COMPLETION = "completion"  # generation: each sample's answer, decoded
 MODALITY = "modality"  # vision-language models: what each token row is (VALUE_NAMES)
 PATCH = "patch"  # vision-language models: an image row's (row, column) on its patch grid
+TRANSFORM = "transform"  # the group of reduce=pca|srp's transforms, by layer and kind
+SCALE_SUFFIX = "_scale"  # output.dtype=float8: <layer>/<kind>_scale holds each row's scale
 # the name of each value of a bookkeeping dataset of codes, by value (its attr Attr.VALUES)
 VALUE_NAMES = {MODALITY: ("text", "image")}
 ROWS_PER_POSITION = "token"  # the rows attr of a dataset with one row per stored position
@@ -96,11 +104,32 @@ class Attr:
     ATTENTION = "attention"  # an attention pattern's: the implementation that made it (eager)
     KEYS = "keys"  # an attention pattern's key axis: its length, and what lies after a sample's
     VALUES = "values"  # a dataset of codes: the name of each value, by value (VALUE_NAMES)
+    # compact rows (probe.file.encodings)
+    ENCODING = "encoding"  # float8_e4m3fn: bytes, a value each by DECODE_TABLE times its scale
+    DECODE_TABLE = "decode_table"  # float32[256]: the value of each byte
+    SCALE = "scale"  # the name (beside it, in its layer's group) of the dataset of scales
+    SCALE_OF = "scale_of"  # on a dataset of scales: the kind whose rows it scales
+    SCALED_AXES = "scaled_axes"  # how many trailing axes of a row one scale covers
+    COMPONENTS = "components"  # reduce=pca|srp: K, the values a row is projected to
+    TRANSFORM = "transform"  # reduce=pca|srp: where the transform lies (/transform/<key>)
+    FIDELITY_ROWS = "fidelity_rows"  # compact rows: how many were compared with float32 ones
+    FIDELITY = ("fidelity_mean_relative_error", "fidelity_max_relative_error",
+                "fidelity_min_cosine", "fidelity_cka", "fidelity_explained_variance")
 
 
 def dataset_key(layer: str, kind: str) -> str:
     """The dataset that holds ``kind`` of ``layer``: ``"<layer>/<kind>"``."""
     return f"{layer}/{kind}"
+
+
+def scale_key(key: str) -> str:
+    """The dataset of the scales of float8 rows ``key``: ``"<layer>/<kind>_scale"``."""
+    return key + SCALE_SUFFIX
+
+
+def transform_path(key: str) -> str:
+    """The group of the transform of the projected rows ``key``: ``/transform/<layer>/<kind>``."""
+    return f"{TRANSFORM}/{key}"
 
 
 def split_key(key: str) -> tuple[str, str]:
@@ -144,6 +173,9 @@ def creating_path(path: str | Path) -> Path:
     return path.with_name(path.name + ".partial.new")
 
 
+_RAW_BITS = {"bfloat16": "uint16", "float8_e4m3fn": "uint8"}  # types HDF5 has no name for
+
+
 @dataclass(frozen=True)
 class DatasetSpec:
     """A dataset the store creates before the first row: the shape and type of one row, and
@@ -157,10 +189,11 @@ class DatasetSpec:
 
     @property
     def stored_dtype(self) -> np.dtype:
-        """The HDF5 type: bfloat16, which HDF5 lacks, as its raw 16 bits; text as UTF-8."""
+        """The HDF5 type: bfloat16 and float8, which HDF5 lacks, as their raw bits; text as
+        UTF-8."""
         if self.dtype == "str":
             return h5py.string_dtype()
-        return np.dtype("uint16" if self.dtype == "bfloat16" else self.dtype)
+        return np.dtype(_RAW_BITS.get(self.dtype, self.dtype))
 
     @property
     def row_bytes(self) -> int:

@@ -37,6 +37,7 @@ from probe.file.format import (
     OFFSETS,
     SKIPPED,
     TARGET,
+    TRANSFORM,
     Attr,
     dataset_names,
     partial_path,
@@ -44,6 +45,7 @@ from probe.file.format import (
 )
 from probe.file.recorded import differing_keys
 from probe.file.store import chunk_shape, filter_options
+from probe.file.transforms import PARTS, read_transforms, write_transforms
 
 __all__ = ["merge", "missing_value", "ShardsMissing"]
 
@@ -142,6 +144,9 @@ def _check_shards(infos: list[dict], into: tuple[int, int]) -> bool:
         key = Attr.INTERVENTION_FINGERPRINT
         if first["attrs"].get(key) != info["attrs"].get(key):
             differing.append("the interventions' vectors, means or source files")
+        if not _same_transforms(first["path"], info["path"]):  # pca fitted on other rows
+            differing.append("the transforms of reduce=pca|srp (fitted on other rows: "
+                             "reduce_fit_samples, subset or seed, or another machine's rounding)")
         if differing:
             raise OutputError(
                 f"shard {str(info['path'])!r} comes from another config than "
@@ -224,8 +229,12 @@ def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool,
                                              dtype=h5py.string_dtype()),
                   Attr.MERGED_ORDER: "shards" if by_shard else "dataset"})
     f.attrs.update(attrs)
+    with h5py.File(infos[0]["path"], "r") as shard:
+        write_transforms(f, read_transforms(shard))
     output = config.get("output") or {}
     for name, (_, dtype, dataset_attrs) in infos[0]["datasets"].items():
+        if name.startswith(TRANSFORM + "/"):  # the same in every shard: one copy
+            continue
         if name == SKIPPED:  # the samples every shard left out, in dataset order
             left_out = np.sort(np.concatenate([_read(info["path"], SKIPPED) for info in infos]))
             f.create_dataset(name, data=left_out, maxshape=(None,)).attrs.update(dataset_attrs)
@@ -265,6 +274,15 @@ def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool,
                     layout[info["start"]::info["step"]] = source
             dataset = f.create_virtual_dataset(name, layout, fillvalue=missing_value(dtype))
         dataset.attrs.update(dataset_attrs)
+
+
+def _same_transforms(a: Path, b: Path) -> bool:
+    with h5py.File(a, "r") as f, h5py.File(b, "r") as g:
+        first, second = read_transforms(f), read_transforms(g)
+    if first.keys() != second.keys():
+        return False
+    return all(np.array_equal(first[key][part], second[key][part])
+               for key in first for part in PARTS if first[key][part] is not None)
 
 
 def _is_string(dtype: np.dtype) -> bool:

@@ -17,12 +17,14 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from probe.errors import ConfigError, DataError, OutputError
+from probe.file.encodings import decoded, is_scale
 from probe.file.format import (
     INDEX,
     KINDS,
     OFFSETS,
     ROWS_PER_POSITION,
     TARGET,
+    TRANSFORM,
     Attr,
     dataset_key,
     dataset_names,
@@ -32,6 +34,7 @@ from probe.file.format import (
 )
 from probe.file.output import WriterLock
 from probe.file.partial import open_for_reading
+from probe.file.transforms import inverse, read_transforms
 
 if TYPE_CHECKING:
     import xarray
@@ -147,17 +150,20 @@ class FeatureFile(Mapping):
     @property
     def features(self) -> list[str]:
         """Every stored "<layer>/<kind>", in file order (the mapping's keys less the index,
-        targets and other bookkeeping)."""
-        return [dataset_key(layer, kind) for layer in self.layers for kind in self._file[layer]]
+        targets and other bookkeeping: float8 rows' scales, the transforms of projected rows)."""
+        return [dataset_key(layer, kind) for layer in self.layers for kind in self.kinds(layer)]
 
     @property
     def layers(self) -> list[str]:
-        return [name for name, obj in self._file.items() if isinstance(obj, h5py.Group)]
+        return [name for name, obj in self._file.items()
+                if isinstance(obj, h5py.Group) and name != TRANSFORM]
 
     def kinds(self, layer: str) -> list[str]:
         """The kinds stored for ``layer`` ("output", "grad_output", ...); [] for an unknown one."""
         group = self._file.get(layer)
-        return list(group) if isinstance(group, h5py.Group) else []
+        if not isinstance(group, h5py.Group) or layer == TRANSFORM:
+            return []
+        return [kind for kind, dataset in group.items() if not is_scale(dataset)]
 
     def require(self, key: str) -> h5py.Dataset:
         """``self[key]``, or an error that says which run options would have stored it.
@@ -214,16 +220,34 @@ class FeatureFile(Mapping):
         return RowLoader(self[key], target, num_rows=num_rows, batch_size=batch_size,
                          shuffle=shuffle, seed=seed, rows=rows)
 
-    def __getitem__(self, key: str) -> h5py.Dataset | BFloat16Rows:
+    def __getitem__(self, key: str):
         """The h5py dataset (lazy: slice it to read); of a partial file, only the first
         ``num_rows`` rows (their token rows, for rows per token) are committed. A dataset
-        stored as bfloat16 reads as float32, exactly."""
+        stored as bfloat16 reads as float32, exactly; one stored as float8 reads as float32
+        decoded by its scales (probe.file.encodings)."""
         if key not in self._file or not isinstance(self._file[key], h5py.Dataset):
             raise KeyError(f"{key!r} is not in {self.path}; it holds {list(self)}")
-        dataset = self._file[key]
-        if dataset.attrs.get(Attr.DTYPE) == "bfloat16" and dataset.dtype == np.uint16:
-            return BFloat16Rows(dataset)
-        return dataset
+        return decoded(self._file[key])
+
+    def transform(self, key: str) -> dict | None:
+        """The projection of reduce=pca|srp rows ``key``: {"mean" (D,), "components" (K, D),
+        "explained_variance" (K,) or None, "attrs"} (probe.file.transforms); None for rows
+        that were not projected."""
+        self.require(key)
+        return read_transforms(self._file).get(key)
+
+    def inverse(self, key: str, rows) -> np.ndarray:
+        """Projected rows (n, K) of ``key`` mapped back to the rows' space (n, D): pca's
+        reconstruction from its components, a random projection's least-squares estimate.
+
+        Raises:
+            ConfigError: ``key``'s rows were not projected.
+        """
+        transform = self.transform(key)
+        if transform is None:
+            raise ConfigError(f"{key!r} in {str(self.path)!r} holds rows as computed, not "
+                              "projected (reduce=pca|srp): there is nothing to invert")
+        return inverse(transform, np.asarray(rows))
 
     def to_xarray(self, key: str) -> xarray.DataArray:
         """``key`` as a lazy ``xarray.DataArray`` (probe.file.dataarray): the file's dims,
@@ -315,26 +339,6 @@ class FeatureFile(Mapping):
         if self.offsets is not None:  # rows per position: a row of /index is a sample
             rows = f"{self.num_rows} samples, {int(self.offsets[-1])} position rows"
         return f"FeatureFile({str(self.path)!r}, {rows}, {state}, {self.features})"
-
-
-class BFloat16Rows:
-    """A dataset stored as the raw bits of bfloat16 (HDF5 has no such type), read as float32:
-    every bfloat16 value is a float32 value, so nothing is rounded."""
-
-    def __init__(self, dataset: h5py.Dataset):
-        self.dataset = dataset
-        self.shape, self.chunks, self.attrs = dataset.shape, dataset.chunks, dataset.attrs
-        self.ndim, self.dtype = dataset.ndim, np.dtype(np.float32)
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, key) -> np.ndarray:
-        bits = np.asarray(self.dataset[key], dtype=np.uint16)
-        return (bits.astype(np.uint32) << 16).view(np.float32)
-
-    def __repr__(self) -> str:
-        return f"<bfloat16 rows read as float32 {self.shape} of {self.dataset.name}>"
 
 
 def _missing_sources(f: h5py.File, path: Path) -> list[str]:

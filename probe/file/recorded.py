@@ -23,7 +23,7 @@ __all__ = ["NEUTRAL_KEYS", "MOVED_TARGETS", "ADDED_KEYS", "QUIET_DEFAULTS", "rec
 NEUTRAL_KEYS = ("batch_size", "batch_tokens", "bucket_by_length", "num_workers", "device",
                 "stop_early", "output.path",
                 "output.overwrite", "output.commit_every", "output.commit_seconds",
-                "output.check_free_space", "output.file_locking")
+                "output.check_free_space", "output.file_locking", "output.fidelity_rows")
 
 
 # factories that moved in 0.2 (the floors of folders), by their old names: a file that an
@@ -40,20 +40,29 @@ MOVED_TARGETS = {
 
 
 # keys added after 0.2, with the default that a config written before them meant
-ADDED_KEYS = {"generate.max_new_tokens": 0, "generate.do_sample": False,
+ADDED_KEYS = {"reduce_components": None, "reduce_fit_samples": 256,
+              "output.fidelity_rows": 256, "generate.max_new_tokens": 0,
+              "generate.do_sample": False,
               "generate.temperature": None, "generate.top_p": None,
               "generate.stop_at_eos": True, "generate.rows": "all"}
 
 
 # keys added after 0.2 that a file records only where set: a run that leaves them at their
 # default writes the config that 0.2 wrote
-QUIET_DEFAULTS = {"intervene": None}
+QUIET_DEFAULTS = {"intervene": None, "reduce_components": None, "reduce_fit_samples": 256,
+                  "output.fidelity_rows": 256}
 
 
-def recorded_config(values: dict) -> dict:
-    """A resolved config (as a dict) as a file records it: ``QUIET_DEFAULTS`` left out."""
-    return {key: value for key, value in values.items()
-            if key not in QUIET_DEFAULTS or value != QUIET_DEFAULTS[key]}
+def recorded_config(values: dict, prefix: str = "") -> dict:
+    """A resolved config (as a dict) as a file records it: ``QUIET_DEFAULTS`` (dotted keys)
+    left out where they hold their default."""
+    kept = {}
+    for key, value in values.items():
+        name = prefix + str(key)
+        if name in QUIET_DEFAULTS and value == QUIET_DEFAULTS[name]:
+            continue
+        kept[key] = recorded_config(value, name + ".") if isinstance(value, dict) else value
+    return kept
 
 
 def differing_keys(a: Mapping, b: Mapping, ignore: tuple[str, ...] = NEUTRAL_KEYS) -> list[str]:

@@ -30,6 +30,7 @@ from probe.file.format import (
     ROWS_PER_POSITION,
     SKIPPED,
     TARGET,
+    TRANSFORM,
     Attr,
     DatasetSpec,
     creating_path,
@@ -37,6 +38,7 @@ from probe.file.format import (
     partial_path,
 )
 from probe.file.partial import LIBVER, open_for_writing
+from probe.file.transforms import write_transforms
 from probe.version import __version__
 
 __all__ = ["Store", "chunk_shape", "filter_options", "as_array", "close_after"]
@@ -124,6 +126,7 @@ class Store:
                  most_rows: int | None = None, most_positions: int | None = None,
                  resume_from: int = 0, resume_skipped: int = 0,
                  filters: Mapping | None = None, attrs: Mapping | None = None,
+                 transforms: Mapping[str, Mapping] | None = None,
                  locking: bool | str | None = None):
         # num_rows and num_positions are None where the run cannot know them before it ends (a
         # dataset read as it comes): num_samples is then -1 until finish()
@@ -144,7 +147,8 @@ class Store:
         if self.created:
             # made in full under another name, then renamed: a partial file exists only once it
             # is consistent, whenever a kill comes
-            self._create(config_yaml, has_target, datasets, attrs or {}, locking)
+            self._create(config_yaml, has_target, datasets, attrs or {}, transforms or {},
+                         locking)
         self._file = open_for_writing(self.partial, locking, **cache)
         self.num_committed = self.num_written = resume_from
         self.bytes_written = 0  # by this store, for the progress bar
@@ -157,7 +161,7 @@ class Store:
         try:
             if not self.created:
                 self._truncate(resume_from, resume_skipped)
-            self._per_position = {key for key in dataset_names(self._file)
+            self._per_position = {key for key in _row_datasets(self._file)
                                   if self._file[key].attrs.get(Attr.ROWS) == ROWS_PER_POSITION}
         except BaseException:
             self.close()
@@ -171,11 +175,12 @@ class Store:
 
     def _create(self, config_yaml: str, has_target: bool,
                 datasets: Mapping[str, DatasetSpec], attrs: Mapping,
-                locking: bool | str | None) -> None:
+                transforms: Mapping[str, Mapping], locking: bool | str | None) -> None:
         creating = creating_path(self.path)
         try:
             with h5py.File(creating, "w", libver=LIBVER, locking=locking) as f:
                 self._start(f, config_yaml, has_target, datasets, attrs)
+                write_transforms(f, transforms)  # before any row: a resumed run reads them
             os.replace(creating, self.partial)
         except BaseException:
             creating.unlink(missing_ok=True)
@@ -231,7 +236,7 @@ class Store:
         if bounds is not None:
             self._bound_count = 0
             self._extend_bounds(bounds[: rows + 1])
-        for name in dataset_names(self._file):
+        for name in _row_datasets(self._file):
             dataset = self._file[name]
             if dataset == bounds:
                 dataset.resize(rows + 1, axis=0)
@@ -342,6 +347,14 @@ class Store:
             return len(skipped)
         return int(np.searchsorted(skipped[:], int(self._file[INDEX][durable])))
 
+    def describe(self, attrs: Mapping[str, Mapping]) -> None:
+        """Set attrs of datasets ({dataset: {name: value}}) that their specs made: what a run
+        learned of its rows by their end (the fidelity of compact rows). A file open for SWMR
+        writing can change an attr, never add one."""
+        for key, values in attrs.items():
+            for name, value in values.items():
+                self._file[key].attrs.modify(name, attr_value(value))
+
     def finish(self) -> Path:
         """Mark the file complete and move it to its final path."""
         if self.num_rows is not None and self.num_written != self.num_rows:
@@ -365,7 +378,7 @@ class Store:
     def _check_lengths(self) -> None:
         # our own invariant, before a file is called complete: every dataset holds a row per
         # sample (or per position), no fewer, no more
-        for name in dataset_names(self._file):
+        for name in _row_datasets(self._file):
             if name in (OFFSETS, SKIPPED):
                 continue
             want = self.positions_written if name in self._per_position else self.num_written
@@ -409,6 +422,11 @@ def as_array(value: torch.Tensor | np.ndarray) -> np.ndarray:
     if value.dtype == torch.bfloat16:  # stored as its raw bits: numpy has no bfloat16
         return value.view(torch.int16).numpy().view(np.uint16)
     return value.numpy()
+
+
+def _row_datasets(f: h5py.File) -> list[str]:
+    """The datasets that hold rows: all but the transforms of projected rows (written once)."""
+    return [name for name in dataset_names(f) if not name.startswith(TRANSFORM + "/")]
 
 
 def _clear_past(dataset: h5py.Dataset, rows: int) -> None:

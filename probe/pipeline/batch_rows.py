@@ -2,11 +2,12 @@
 owns for one batch, where the hook object (probe.pipeline.hooks) only hooks and copies.
 
 For each key, the captured value becomes its stored rows at hook time, by the key's transform
-and the batch's row layout (probe.pipeline.keys), is cast to the stored type and copied off
-the compute path: to the CPU, or, from a GPU, into pinned memory by a copy that the GPU
-enqueues at once (so that a later in-place op cannot reach it); ``take()`` then records an
-event after the copies on each device, which the writer waits for (``ready``). A float16
-value beyond float16's range is found in ``take()``.
+and the batch's row layout (probe.pipeline.keys), is made into what its datasets store (cast,
+projected, encoded: probe.pipeline.compact) and copied off the compute path: to the CPU, or,
+from a GPU, into pinned memory by a copy that the GPU enqueues at once (so that a later
+in-place op cannot reach it); ``take()`` then records an event after the copies on each
+device, which the writer waits for (``ready``). A value the stored type cannot hold (beyond
+float16's range, a NaN in a float8 row) is found in ``take()``.
 
 Where the model is called several times on one batch, each call adding positions (a
 generation, with a key/value cache), the rows are ``joined``: each call's values are kept
@@ -22,14 +23,12 @@ from dataclasses import dataclass
 import torch
 
 from probe.data.layouts import POSITIONS_FIRST, Axes, RowLayout
-from probe.errors import ConfigError
+from probe.pipeline.compact import Compact
 
 __all__ = ["BatchRows", "Computed", "StopForward", "Rows"]
 
 # the stored rows of a key's value in a batch of a layout: (key, value, layout) -> rows
 Rows = Callable[[str, torch.Tensor, RowLayout], torch.Tensor]
-
-_FLOAT16_LIMIT = 65520.0  # the smallest magnitude that float16 rounds to infinity
 
 
 @dataclass(frozen=True)
@@ -52,28 +51,29 @@ class StopForward(Exception):
 class BatchRows:
     """The stored rows of one batch (see the module's docstring).
 
-    ``rows_of`` makes a key's rows; ``dtype`` is the stored type (None keeps the value's);
+    ``rows_of`` makes a key's rows; ``compact`` what its datasets store of them;
     ``layout`` is the batch's (None: the rows are joined, and ``take`` gets the layout);
     ``axes``: those of each key that follows the batch's positions (joined along them);
     ``stop_after``: how many values a forward pass gives, after the last of which it stops
     (None: it runs to its end).
     """
 
-    def __init__(self, rows_of: Rows, dtype: torch.dtype | None, layout: RowLayout | None,
+    def __init__(self, rows_of: Rows, compact: Compact, layout: RowLayout | None,
                  *, axes: Mapping[str, Axes] | None = None, stop_after: int | None = None):
-        self._rows_of, self._dtype, self._layout = rows_of, dtype, layout
+        self._rows_of, self._compact, self._layout = rows_of, compact, layout
         self._axes = axes or {}
         self._stop_after = stop_after if layout is not None else None
-        self.values: dict[str, torch.Tensor] = {}  # the rows so far, by key
+        # the rows so far, by dataset: each key's, and any beside it (a float8 row's scale)
+        self.values: dict[str, torch.Tensor] = {}
+        self._datasets: dict[str, list[str]] = {}  # key -> the datasets of its rows
         self._parts: dict[str, list[torch.Tensor]] = {}  # joined: each call's values
-        self._overflow: list[torch.Tensor] = []
         self._devices: set[torch.device] = set()  # GPUs whose copies are in flight
         self.ready: list[torch.cuda.Event] | None = None  # set by take()
 
     @property
     def keys(self) -> set[str]:
         """The keys given a value so far."""
-        return set(self.values) | set(self._parts)
+        return set(self._datasets) | set(self._parts)
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
@@ -96,29 +96,29 @@ class BatchRows:
         every call's)."""
         if self._layout is not None:
             self.values.clear()
+            self._datasets.clear()
 
     def take(self, layout: RowLayout | None = None, order: list[str] | None = None
              ) -> dict[str, torch.Tensor]:
         """The rows of every key (in ``order``, where given), once joined rows are made by
-        ``layout``; ``ready`` holds the events after the copies from each GPU.
+        ``layout`` (each key's datasets: its own, then any beside it); ``ready`` holds the
+        events after the copies from each GPU.
 
         Raises:
-            ConfigError: a value beyond float16's range, to be stored as float16.
+            ConfigError: a value the stored type cannot hold (beyond float16's range, NaN in a
+                float8 row).
         """
         parts, self._parts = self._parts, {}
         for key, values in parts.items():
             self._store(key, self._joined(key, values), layout)
-        overflow, self._overflow = self._overflow, []
-        if overflow and bool(torch.stack(overflow).any()):
-            raise ConfigError(
-                "a captured value lies beyond float16's range (+-65504) and would be stored as "
-                "an infinity; use output.dtype=float32, or bfloat16")
+        self._compact.check()
         if self._devices:  # an event after the copies, on each device's queue of work
             self.ready = [torch.cuda.Event() for _ in self._devices]
             for event, device in zip(self.ready, self._devices, strict=True):
                 event.record(torch.cuda.current_stream(device))
             self._devices = set()
-        return dict(self.values) if order is None else {key: self.values[key] for key in order}
+        keys = self._datasets if order is None else order
+        return {name: self.values[name] for key in keys for name in self._datasets[key]}
 
     def mismatched(self, layout: RowLayout) -> dict[str, int]:
         """The joined keys that follow the batch's positions but whose positions ``layout``
@@ -139,23 +139,22 @@ class BatchRows:
         return torch.cat(parts, 1 + self._axes.get(key, POSITIONS_FIRST).position)
 
     def _store(self, key: str, value: torch.Tensor, layout: RowLayout) -> None:
-        # the key's rows, cast and copied off the compute path
-        rows = self._rows_of(key, value, layout)
-        dtype = self._dtype or rows.dtype
-        if dtype == torch.float16 and rows.dtype != torch.float16:
-            self._overflow.append((rows.abs() >= _FLOAT16_LIMIT).any())  # NaN stays NaN
-        if rows.device.type == "cuda":
-            # enqueued now, so it reads the value before any later in-place op on the device
-            host = torch.empty(rows.shape, dtype=dtype, pin_memory=True)
-            self.values[key] = host.copy_(rows.to(dtype), non_blocking=True)
-            self._devices.add(rows.device)
-        else:
-            # A copy where the rows still share the captured tensor's memory, so that a later
-            # in-place op cannot reach what is stored; rows made anew (the real tokens of a
-            # padded batch, a pooled row) are stored as they are. Nor is the last value of a
-            # pass that stops right after it copied: nothing can change it.
-            last = self._stop_after is not None and len(self.values) == self._stop_after - 1
-            shared = rows.untyped_storage().data_ptr() == value.untyped_storage().data_ptr()
-            self.values[key] = rows.to("cpu", dtype, copy=shared and not last)
-        if self._stop_after is not None and len(self.values) == self._stop_after:
+        # the key's rows, made into its datasets' values and copied off the compute path
+        parts = self._compact.encode(key, self._rows_of(key, value, layout))
+        last = self._stop_after is not None and len(self._datasets) == self._stop_after - 1
+        for name, part in parts.items():
+            if part.device.type == "cuda":
+                # enqueued now, so it reads the value before any later in-place op on the device
+                host = torch.empty(part.shape, dtype=part.dtype, pin_memory=True)
+                self.values[name] = host.copy_(part, non_blocking=True)
+                self._devices.add(part.device)
+            else:
+                # A copy where the rows still share the captured tensor's memory, so that a
+                # later in-place op cannot reach what is stored; rows made anew (the real
+                # tokens of a padded batch, a pooled row) are stored as they are. Nor is the
+                # last value of a pass that stops right after it copied: nothing can change it.
+                shared = part.untyped_storage().data_ptr() == value.untyped_storage().data_ptr()
+                self.values[name] = part.to("cpu", copy=shared and not last)
+        self._datasets[key] = list(parts)
+        if self._stop_after is not None and len(self._datasets) == self._stop_after:
             raise StopForward

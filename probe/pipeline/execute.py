@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import DictConfig
-from torch import nn
 from tqdm import tqdm
 
 from probe.errors import OutputError, RunStopped
@@ -25,6 +24,7 @@ from probe.file.sizes import human_bytes
 from probe.file.store import Store
 from probe.file.writer import BackgroundWriter, WriteFailed
 from probe.pipeline.batch_rows import Computed
+from probe.pipeline.modules import frozen_parameters
 from probe.pipeline.plan import Plan, plan
 
 __all__ = ["run", "execute", "StopRequest"]
@@ -90,12 +90,15 @@ def _write(plan: Plan, stop: StopRequest) -> Path:
                           most_rows=plan.most_rows,
                           most_positions=plan.most_positions, resume_from=plan.resume_rows,
                           resume_skipped=plan.resume_skipped, filters=plan.filters,
-                          attrs=plan.attrs, locking=plan.output.locking)
+                          attrs=plan.attrs, transforms=plan.transforms,
+                          locking=plan.output.locking)
             with store, BackgroundWriter(store, commit_every_batches=out.commit_every,
                                          commit_every_seconds=out.commit_seconds) as writer:
-                with capture, _frozen_parameters(plan.model, capture.needs_grad):
+                with capture, frozen_parameters(plan.model, capture.needs_grad):
                     units = _loop(plan, loader, writer, stop)
                 writer.close()
+                fidelity = capture.compact.report()
+                store.describe(fidelity)
                 store.finish()
     except _Stopped:
         of = "" if plan.num_rows is None else f" of {plan.num_rows}"
@@ -123,10 +126,21 @@ def _write(plan: Plan, stop: StopRequest) -> Path:
              store.num_written - plan.resume_rows, human_bytes(store.bytes_written), seconds,
              units / seconds, plan.feed.unit, human_bytes(store.bytes_written / seconds),
              plan.path)
+    for key, said in fidelity.items():
+        log.info("%s", _fidelity_line(key, said))
     summary = plan.compute.summary()
     if summary:
         log.info("%s", summary)
     return plan.path
+
+
+def _fidelity_line(key: str, said: dict) -> str:
+    variance = said.get("fidelity_explained_variance")
+    return (f"{key} as stored, against float32 over its first {said['fidelity_rows']} rows: "
+            f"relative error {said['fidelity_mean_relative_error']:.3g} mean, "
+            f"{said['fidelity_max_relative_error']:.3g} worst; cosine >= "
+            f"{said['fidelity_min_cosine']:.6f}; CKA {said['fidelity_cka']:.6f}"
+            + ("" if variance is None else f"; pca keeps {100 * variance:.1f}% of the variance"))
 
 
 def _disk_full(err: BaseException | None) -> bool:
@@ -228,21 +242,3 @@ def _stop_signals(stop: StopRequest):
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)
-
-
-@contextmanager
-def _frozen_parameters(model: nn.Module, active: bool):
-    """Parameters stop requiring grad for the block (no weight gradients are built or
-    accumulated); their flags are restored afterwards."""
-    if not active:
-        yield
-        return
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    try:
-        for p, _ in flags:
-            p.requires_grad_(False)
-        yield
-    finally:
-        for p, flag in flags:
-            p.requires_grad_(flag)
-

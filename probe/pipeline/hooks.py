@@ -31,6 +31,7 @@ from probe.errors import ConfigError
 from probe.families.base import Family
 from probe.file.format import Attr, call_key, parse_kind, split_key
 from probe.pipeline.batch_rows import BatchRows, StopForward
+from probe.pipeline.compact import Compact, encoding_for
 from probe.pipeline.keys import KeyTransform, reduce_tensor
 from probe.pipeline.kinds import CaptureKind, Target, capture_kinds
 from probe.pipeline.modules import resolve_layers
@@ -109,6 +110,7 @@ class Capture:
         self.copied: list[torch.cuda.Event] | None = None
         self._family, self._dry = family, dry
         self._transforms: dict[str, KeyTransform] = {}  # armed: each key's rows
+        self.compact = Compact(encoding_for(dtype))  # what each key's datasets store of them
         self._rows = self._new_rows(SAMPLE_ROWS)  # the rows of the pass under way
         self._ran: dict[tuple[str, str], int] = {}  # (layer, kind) -> runs so far in this pass
         self._edges: dict[str, GradientEdge] = {}
@@ -142,12 +144,16 @@ class Capture:
         return {**attrs, **own.attrs}
 
     def arm(self, calls: Mapping[str, int], where: Mapping[str, int | str],
-            transforms: Mapping[str, KeyTransform] | None = None) -> None:
-        """Hand over what a dry run found, once, before the first pass: how often each
-        hooked module runs, where each value sat in a tuple, and each key's transform (how
-        its rows are made). Passes then stop early where they may."""
+            transforms: Mapping[str, KeyTransform] | None = None,
+            compact: Compact | None = None) -> None:
+        """Hand over what a dry run found, before the first pass: how often each hooked
+        module runs, where each value sat in a tuple, each key's transform (how its rows are
+        made) and what its datasets store of them (``compact``: projected, encoded; None
+        keeps the cast to ``dtype``). Passes then stop early where they may."""
         self.calls, self.where = dict(calls), dict(where)
         self._transforms = dict(transforms or {})
+        if compact is not None:
+            self.compact = compact
         self._rows = self._new_rows(SAMPLE_ROWS)
 
     @contextmanager
@@ -290,7 +296,7 @@ class Capture:
 
         armed = self.stop_early and self.calls is not None
         axes = {key: t.axes for key, t in transforms.items() if t.axes is not None}
-        return BatchRows(rows_of, self.dtype, layout, axes=axes,
+        return BatchRows(rows_of, self.compact, layout, axes=axes,
                          stop_after=len(self.keys) if armed else None)
 
     def _check(self, rows: BatchRows) -> None:

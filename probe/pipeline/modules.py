@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +21,7 @@ from probe.errors import ConfigError
 from probe.families.base import first_tensor
 
 __all__ = ["resolve_layers", "match_layers", "is_glob", "describe_layers", "LayerInfo",
-           "lays_channels_first"]
+           "lays_channels_first", "frozen_parameters"]
 
 _GLOB_CHARS = set("*?[")
 
@@ -141,3 +142,21 @@ def describe_layers(model: nn.Module, forward: Callable[[], object]) -> list[Lay
             handle.remove()
     return [LayerInfo(name, type(module).__name__, shapes.get(name), calls.get(name, 0))
             for name, module in modules]
+
+
+@contextmanager
+def frozen_parameters(model: nn.Module, active: bool):
+    """Parameters stop requiring grad for the block (no weight gradients are built or
+    accumulated); their flags are restored afterwards."""
+    if not active:
+        yield
+        return
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +26,7 @@ from torch.utils.data import Dataset
 
 from probe.config.checks import read_config
 from probe.config.device import resolve_device
-from probe.config.schema import ProbeConfig, Subset
+from probe.config.schema import ProbeConfig, ShardConfig, Subset
 from probe.data.feed import Batching, Feed
 from probe.data.selection import OpenSelection, Selection, check_selection, select_indices
 from probe.data.tensors import feed_for
@@ -34,13 +34,17 @@ from probe.errors import ConfigError, DataError, OutputError
 from probe.families.base import Family
 from probe.families.build import build_dataset, build_model
 from probe.families.registry import family_for
-from probe.file.format import SKIPPED, Attr, DatasetSpec, FileState
+from probe.file.format import SKIPPED, Attr, DatasetSpec, FileState, transform_path
 from probe.file.output import Output
+from probe.file.partial import open_for_reading
 from probe.file.recorded import changes, dumps, loads, recorded_config
 from probe.file.sizes import human_bytes
 from probe.file.store import filter_options
+from probe.file.transforms import read_transforms
+from probe.pipeline.compact.planned import check_compact, compact_for
 from probe.pipeline.dryrun import DryRun, dry_run
 from probe.pipeline.fingerprint import data_fingerprint, library_versions, model_fingerprint
+from probe.pipeline.fitpass import fit_rows
 from probe.pipeline.hooks import Capture
 from probe.pipeline.interventions import Intervened, interventions_for
 from probe.pipeline.keys import KeyTransform, transforms_for
@@ -84,6 +88,8 @@ class Plan:
     compute: Pass | None = None  # how each batch is computed (probe.pipeline.passes)
     datasets: dict[str, DatasetSpec] = field(default_factory=dict)
     attrs: dict = field(default_factory=dict)
+    # reduce=pca|srp: each projected key's transform, as the file keeps it (probe.file.transforms)
+    transforms: dict[str, dict] = field(default_factory=dict)
     num_positions: int | None = None  # rows per position in all, where the run stores those
     # the same where only a bound or an estimate is known (what chunks are sized by)
     most_positions: int | None = None
@@ -127,6 +133,7 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     """
     # 1. the config and the output path: the cheap refusals first
     config = read_config(cfg)
+    check_compact(config)
     out = config.output
     filters = filter_options(out.compression.name, out.compression_level)
     device = resolve_device(config.device)
@@ -198,8 +205,14 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
         shown.shapes, shown.axes, shown.follows, capture.reduces, layout=layout,
         pool=config.tokens, dtype=out.dtype.torch,
         channels_first={layer for layer in capture.layers if lays_channels_first(modules[layer])},
-        longest=feed.longest(dataset))
-    capture.arm(shown.calls, shown.where, transforms)
+        longest=feed.longest(dataset), components=config.reduce_components)
+    # what each key's datasets store: projected (pca fits here, a resumed run reads its own
+    # file's projections back), encoded
+    compact = compact_for(config, transforms, stored=_stored_transforms(found),
+                          fit_rows=lambda: fit_rows(compute, capture, feed, dataset,
+                                                    _fit_selection(config, dataset), batching,
+                                                    device, shown, transforms))
+    capture.arm(shown.calls, shown.where, transforms, compact)
     compute.rehearse(batches[0].to(device))
     if config.tokens.name != "all" and not shown.follows:
         log.warning("%s=%s has no effect: no stored output of this model has a position axis "
@@ -239,6 +252,7 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
                 batching=batching, selection=selection, has_target=with_target,
                 objective=objective, capture=capture, compute=compute, datasets=datasets,
                 attrs=attrs,
+                transforms={key: p.stored() for key, p in compact.projections.items()},
                 num_positions=None if positions is None or counted else int(positions.sum()),
                 most_positions=None if positions is None else int(positions.sum()),
                 estimated_bytes=estimated, dry_run_seconds=dry_run_seconds)
@@ -262,14 +276,38 @@ def _warn_of_large_rows(transforms: dict[str, KeyTransform], datasets: dict[str,
 
 
 def _specs(capture: Capture, transforms: dict[str, KeyTransform]) -> dict[str, DatasetSpec]:
-    """What the store creates for each key: its transform's rows, type and attrs."""
+    """What the store creates for each key: its transform's rows, type and attrs, and the
+    datasets beside it (a float8 row's scale)."""
     specs = {}
     for key in capture.keys:
         transform = transforms[key]
         attrs = {**capture.attrs(key), Attr.DIMS: list(transform.dims), **transform.attrs}
-        specs[key] = DatasetSpec(transform.row_shape, str(capture.dtype).removeprefix("torch."),
-                                 attrs, per_position=transform.per_position)
+        if transform.width is not None:  # projected rows: where their transform lies
+            attrs[Attr.COMPONENTS], attrs[Attr.TRANSFORM] = transform.row_shape[0], \
+                "/" + transform_path(key)
+        spec = DatasetSpec(transform.row_shape, str(capture.dtype).removeprefix("torch."),
+                           attrs, per_position=transform.per_position)
+        specs.update(capture.compact.specs(key, spec))
     return specs
+
+
+def _stored_transforms(found: FileState | None) -> dict[str, dict]:
+    """The projections of the file a run resumes ({} where it starts one)."""
+    if found is None:
+        return {}
+    with open_for_reading(found.path) as f:
+        return read_transforms(f)
+
+
+def _fit_selection(config: ProbeConfig, dataset) -> Selection:
+    """The samples pca's axes are fitted on: the first ``reduce_fit_samples`` of the whole
+    run's selection (every shard of a sweep takes the same, so fits the same axes)."""
+    whole = replace(config, shard=ShardConfig())
+    selection = _selection(whole, dataset)
+    if isinstance(selection, OpenSelection):
+        limit = min(selection.limit or config.reduce_fit_samples, config.reduce_fit_samples)
+        return OpenSelection(limit)
+    return selection[:config.reduce_fit_samples]
 
 
 _INT64 = 8  # bytes of an entry of /index, /target or the bounds of rows per position
