@@ -340,6 +340,7 @@ def test_a_killed_intervened_run_resumes_to_the_uninterrupted_file(make_cfg, tin
     ({"at": "transformer.h.0", "do": "add", "vector": "VECTOR16"},
      "the vector is (16,) but the module's rows are (32,)"),
     ({"at": "transformer.h.0", "do": "add", "vector": "missing.npy"}, "does not exist"),
+    ({"at": "transformer", "do": "zero"}, "GPT2Model gives no tensor to change"),
 ])
 def test_each_mistake_is_one_line_and_writes_nothing(item, said, make_cfg, tiny_lm, corpus,
                                                       tmp_path):
@@ -485,3 +486,103 @@ def test_a_vision_models_map_is_changed_whole_and_token_positions_are_refused(ma
                                           r"module's value, \(1, 16, 4, 4\), does not lie"):
         run_with(cfg, model=net)
     assert no_h5_files(tmp_path / "refused")
+
+
+# -- the review's findings: each refused in one line, before any file ---------------------------
+
+def _tiny(name: str):
+    """A one-block model of ``name``'s family, 32 wide, 4 heads of 8 (GPT-2: 2 of 16)."""
+    t, width = transformers, {"hidden_size": 32, "num_hidden_layers": 1,
+                              "num_attention_heads": 4, "vocab_size": 50}
+    return {"gpt2": lambda: t.GPT2LMHeadModel(t.GPT2Config(n_embd=32, n_layer=1, n_head=2,
+                                                           vocab_size=50)),
+            "llama": lambda: t.LlamaForCausalLM(t.LlamaConfig(
+                **width, intermediate_size=64, num_key_value_heads=2)),
+            "bert": lambda: t.BertModel(t.BertConfig(**width, intermediate_size=64)),
+            "bert-ffn-32": lambda: t.BertModel(t.BertConfig(**width, intermediate_size=32)),
+            "neox": lambda: t.GPTNeoXForCausalLM(t.GPTNeoXConfig(**width,
+                                                                 intermediate_size=64)),
+            "falcon": lambda: t.FalconForCausalLM(t.FalconConfig(**width)),
+            "opt": lambda: t.OPTForCausalLM(t.OPTConfig(**width, ffn_dim=64,
+                                                        word_embed_proj_dim=32))}[name]()
+
+
+@pytest.mark.parametrize("family, attention, projection, count", [
+    ("gpt2", "transformer.h.0.attn", "c_proj", 2),
+    ("llama", "model.layers.0.self_attn", "o_proj", 4),
+    ("bert", "encoder.layer.0.attention", "output.dense", 4),
+    ("neox", "gpt_neox.layers.0.attention", "dense", 4),
+    ("falcon", "transformer.h.0.self_attention", "dense", 4),
+    ("opt", "model.decoder.layers.0.self_attn", "out_proj", 4),
+])
+def test_heads_are_joined_by_the_attention_modules_projection(family, attention, projection,
+                                                              count):
+    from probe.families.hf_heads import attention_heads
+
+    assert attention_heads(_tiny(family), attention) == (f"{attention}.{projection}", count)
+
+
+@pytest.mark.parametrize("family", ["bert", "bert-ffn-32"])  # the FFN as wide as the heads too
+def test_heads_of_a_bert_block_are_refused_for_its_ffns_projection(family):
+    from probe.families.hf_heads import attention_heads
+
+    with pytest.raises(ConfigError) as raised:
+        attention_heads(_tiny(family), "encoder.layer.0")
+    message = str(raised.value)
+    assert "output.dense does not join the heads" in message and "\n" not in message
+    assert message.endswith("name encoder.layer.0.attention")
+
+
+def test_patching_from_rows_that_are_not_every_position_from_0_is_refused(
+        make_cfg, tiny_lm, corpus, tmp_path):
+    generated = ("generate.max_new_tokens=3", "generate.stop_at_eos=false")
+    answers = probe.run(_cfg(make_cfg, tiny_lm, corpus, "transformer.h.0", None, *generated,
+                             "generate.rows=answer", output=tmp_path / "answers.h5"))
+    prompts_and_answers = probe.run(_cfg(make_cfg, tiny_lm, corpus, "transformer.h.0", None,
+                                         *generated, output=tmp_path / "both.h5"))
+    for source, extra, said in (
+            (answers, generated, "its rows are not every position from 0 (a run with "
+                                 "generate.rows=answer"),
+            (prompts_and_answers, (), "the source run generated tokens, and stored their rows "
+                                      "after the prompt's; patch from a run without "
+                                      "generate.max_new_tokens")):
+        with pytest.raises(ConfigError) as raised:
+            probe.run(_cfg(make_cfg, tiny_lm, corpus, "transformer.h.1",
+                           [{"at": "transformer.h.0", "do": "patch", "from": str(source),
+                             "positions": "prompt"}], *extra,
+                           output=tmp_path / "out" / "features.h5"))
+        message = str(raised.value)
+        assert said in message and "\n" not in message and "intervene[0]" in message
+    assert no_h5_files(tmp_path / "out")
+
+
+def test_patching_from_a_source_of_fewer_samples_is_refused_before_any_file(
+        make_cfg, tiny_lm, corpus, tmp_path):
+    source = probe.run(_cfg(make_cfg, tiny_lm, corpus, "transformer.h.0", None, "limit=4",
+                            output=tmp_path / "source.h5"))
+    with pytest.raises(ConfigError, match=r"intervene\[0\] .* holds 4 samples and this run "
+                                          r"takes 6; patch from a run over the same samples"):
+        probe.run(_cfg(make_cfg, tiny_lm, corpus, "transformer.h.1",
+                       [{"at": "transformer.h.0", "do": "patch", "from": str(source)}],
+                       "batch_size=2", "bucket_by_length=false", "output.commit_every=1",
+                       output=tmp_path / "out" / "features.h5"))
+    assert no_h5_files(tmp_path / "out")
+
+
+def test_positions_at_a_head_that_computes_the_last_position_alone_say_so(
+        make_cfg, tiny_lm, corpus, tmp_path):
+    from probe.pipeline.interventions.apply import _on_input
+
+    with pytest.raises(ConfigError) as raised:
+        probe.run(_cfg(make_cfg, tiny_lm, corpus, "transformer.h.1",
+                       [{"at": "lm_head", "do": "scale", "alpha": 0.5, "positions": "last"}],
+                       f"generate.max_new_tokens={NEW}", output=tmp_path / "out" / "f.h5"))
+    message = str(raised.value)
+    assert message.startswith("intervene[0] (scale at lm_head): positions=last at a module "
+                              "that computes only the last position of the call")
+    assert "does not lie" not in message and "\n" not in message
+    assert no_h5_files(tmp_path / "out")
+    with pytest.raises(ConfigError, match=r"^intervene\[0\] \(heads \[0\] at attn\): Linear "
+                                          "is given no tensor by position"):
+        _on_input("intervene[0] (heads [0] at attn)", None, torch.nn.Linear(2, 2), (),
+                  {"input": torch.ones(2)})

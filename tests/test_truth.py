@@ -191,7 +191,8 @@ def test_a_model_that_fails_on_padded_batches_fails_in_the_plan(make_cfg, tiny_l
 @pytest.mark.parametrize("override, said", [
     ("generate.max_new_tokens=abc", "generate.max_new_tokens=abc: Value 'abc' of type 'str' "
                                     "could not be converted to Integer"),
-    ("reduce=avg", "reduce=avg: Invalid value 'avg', expected one of [none, mean, max, flatten, pca, srp]"),
+    ("reduce=avg", "reduce=avg: Invalid value 'avg', expected one of [none, mean, max, "
+                   "flatten, pca, srp]"),
     ("hooks=forward", "hooks=forward: Invalid value assigned: str is not a ListConfig, list or "
                       "tuple; write it as a list: 'hooks=[forward]'"),
     ("batchsize=4", "Could not override 'batchsize': Key 'batchsize' not in 'ProbeConfig'; to "

@@ -21,6 +21,9 @@ __all__ = ["attention_heads"]
 _PROJECTIONS = ("o_proj", "out_proj", "c_proj", "output.dense", "o", "out_lin", "dense")
 # where a module (or its config) says how many heads it has
 _COUNTS = ("num_heads", "num_attention_heads", "n_head", "n_heads")
+# and how wide each head's output is (v_head_dim first: where a query's head differs from a
+# value's, as in DeepSeek's attention, the projection reads the values')
+_SIZES = ("v_head_dim", "head_dim", "attention_head_size", "head_size")
 
 
 def attention_heads(model: nn.Module, name: str) -> tuple[str, int]:
@@ -34,16 +37,23 @@ def attention_heads(model: nn.Module, name: str) -> tuple[str, int]:
     children = dict(module.named_modules())
     projection = next((p for p in _PROJECTIONS if isinstance(children.get(p), nn.Module)
                        and _width(children[p]) is not None), None)
-    count = _count(module)
-    if projection is None or count is None:
+    carrier = _carrier(module)
+    if projection is None or carrier is None:
         what = "no projection that joins heads" if projection is None else "no head count"
         raise ConfigError(f"{name!r} ({type(module).__name__}) has {what}; name the "
                           "attention module itself (e.g. transformer.h.1.attn, "
                           "model.layers.1.self_attn)")
+    inside, count, size = carrier
+    # a block holds an FFN whose output projection may share the name (BERT's output.dense):
+    # the heads' projection lies in the attention part that says how many heads there are
+    if inside and not projection.startswith(inside + "."):
+        raise ConfigError(f"{name!r} ({type(module).__name__}): its {projection} does not "
+                          f"join the heads of {name}.{inside}; name {name}.{inside}")
     width = _width(children[projection])
-    if width % count:
-        raise ConfigError(f"the input of {name}.{projection} ({width} wide) is not {count} "
-                          "heads side by side")
+    if (width != count * size) if size else (width % count != 0):
+        heads = f"{count} heads of {size}" if size else f"{count} heads"
+        raise ConfigError(f"the input of {name}.{projection} ({width} wide) is not {heads} "
+                          f"side by side; name the attention module whose heads it joins")
     return f"{name}.{projection}", count
 
 
@@ -56,15 +66,21 @@ def _width(module: nn.Module) -> int | None:
     return None
 
 
-def _count(module: nn.Module) -> int | None:
-    for part in module.modules():  # BERT keeps its count on the inner self-attention
-        for attribute in _COUNTS:
-            value = getattr(part, attribute, None)
-            if isinstance(value, int) and value > 0:
-                return value
-    config = getattr(module, "config", None)
-    for attribute in _COUNTS:
-        value = getattr(config, attribute, None)
-        if isinstance(value, int) and value > 0:
+def _carrier(module: nn.Module) -> tuple[str, int, int | None] | None:
+    """Where in ``module`` its heads are counted: the part that holds its projection ("" for
+    the module itself), the count, and each head's width (None: not said)."""
+    for part_name, part in module.named_modules():  # BERT counts on the inner self-attention
+        count = _positive(part, _COUNTS)
+        if count is not None:
+            # BERT's attention.self sits beside attention.output, which holds the projection
+            return part_name.rpartition(".")[0], count, _positive(part, _SIZES)
+    count = _positive(getattr(module, "config", None), _COUNTS)
+    return None if count is None else ("", count, _positive(module, _SIZES))
+
+
+def _positive(holder, attributes: tuple[str, ...]) -> int | None:
+    for attribute in attributes:
+        value = getattr(holder, attribute, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None

@@ -107,10 +107,10 @@ class Interventions:
             module = modules[change.module]
             if operation.on_input:
                 handles.append(module.register_forward_pre_hook(
-                    partial(_on_input, apply), with_kwargs=True, prepend=True))
+                    partial(_on_input, change.where, apply), with_kwargs=True, prepend=True))
             else:
-                handles.append(module.register_forward_hook(partial(_on_output, apply),
-                                                            prepend=True))
+                handles.append(module.register_forward_hook(
+                    partial(_on_output, change.where, apply), prepend=True))
         with hooked(handles):
             yield applied
 
@@ -149,18 +149,20 @@ def _apply(change: Change, operation: Operation, batch, positions: CallPositions
     return torch.where(chosen.view(*chosen.shape, *[1] * (value.dim() - 2)), new, value)
 
 
-def _on_output(apply, module: nn.Module, args, output):
+def _on_output(where: str, apply, module: nn.Module, args, output):
     value, slot = first_tensor(output)
     if value is None:
-        raise ConfigError(f"{type(module).__name__} gives no tensor to change")
+        raise ConfigError(f"{where}: {type(module).__name__} gives no tensor to change; "
+                          "intervene at a module that outputs one")
     new = apply(value)
     if slot is None:
         return new
     return type(output)((*output[:slot], new, *output[slot + 1:]))
 
 
-def _on_input(apply, module: nn.Module, args: tuple, kwargs: dict):
+def _on_input(where: str, apply, module: nn.Module, args: tuple, kwargs: dict):
     value, slot = first_tensor(args)
     if value is None:
-        raise ConfigError(f"{type(module).__name__} is given no tensor to change")
+        raise ConfigError(f"{where}: {type(module).__name__} is given no tensor by position "
+                          "to change; intervene at a module that is")
     return (*args[:slot], apply(value), *args[slot + 1:]), kwargs

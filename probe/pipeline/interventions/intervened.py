@@ -47,6 +47,7 @@ class Intervened:
         # positions listed by number must lie in every prompt: said before the run, where the
         # feed counts them (a sample's stored positions; the run checks each batch again)
         for change in self.interventions.changes:
+            _require_as_many_samples(change, stored)
             listed = change.positions
             if stored is None or isinstance(listed, str) or not len(stored):
                 continue
@@ -67,3 +68,13 @@ class Intervened:
                          zip(self.interventions.changes, self.applied, strict=False))
         mine = f"interventions applied at (positions, or samples) {said}" if said else None
         return "; ".join(s for s in (inner, mine) if s) or None
+
+
+def _require_as_many_samples(change, stored: np.ndarray | None) -> None:
+    # a patch source of fewer samples than the run takes lacks one of them: said before the
+    # run (which samples it lacks, where it holds as many, each batch finds as it reads them)
+    held = None if change.patch is None else change.patch.samples
+    if stored is not None and held is not None and held < len(stored):
+        raise ConfigError(f"{change.where}: {change.patch.path!r} holds {held} samples and "
+                          f"this run takes {len(stored)}; patch from a run over the same "
+                          "samples (the same limit, subset and shard)")

@@ -183,9 +183,9 @@ class Patch(Operation):
         differ = counts < positions.prompt if at_least else counts != positions.prompt
         if bool(differ.any()):
             b = int(differ.nonzero()[0, 0])
-            raise ConfigError(f"{where}: a sample has {int(counts[b])} rows in "
-                              f"{change.patch.path!r} and {int(positions.prompt[b])} positions "
-                              "here; patch from a run of prompts of the same lengths")
+            held, here = int(counts[b]), int(positions.prompt[b])
+            raise ConfigError(f"{where}: a sample has {held} rows in {change.patch.path!r} "
+                              f"and {here} positions here; {_same_lengths(change, held > here)}")
         at = positions.current.clamp_min(0)
         beyond = call.chosen & (at >= counts[:, None])
         if bool(beyond.any()):
@@ -195,6 +195,16 @@ class Patch(Operation):
                               "from a run of the same prompts and answers")
         at = at.clamp_max(rows.shape[1] - 1)
         return rows[torch.arange(len(rows), device=rows.device)[:, None], at]
+
+
+def _same_lengths(change: Change, longer: bool) -> str:
+    """The fix for a source sample whose rows are not as many as the prompt's positions."""
+    if longer and change.patch.generated and not change.generating:
+        # its rows are the prompt's and then the answer's: this run has the prompt's alone
+        return ("the source run generated tokens, and stored their rows after the prompt's; "
+                "patch from a run without generate.max_new_tokens, or with "
+                "generate.rows=prompt")
+    return "patch from a run of prompts of the same lengths"
 
 
 def _fitted(change: Change, call: Call) -> torch.Tensor:

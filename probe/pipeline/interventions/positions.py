@@ -40,8 +40,8 @@ class CallPositions:
         axis, changed whole).
 
         Raises:
-            ConfigError: positions other than ``all`` on a value without a position axis, or
-                beyond a sample's prompt.
+            ConfigError: positions other than ``all`` on a value without a position axis (or
+                of the call's last position alone), or beyond a sample's prompt.
         """
         current = self.current
         lies = (current is not None and value.dim() >= 3
@@ -49,6 +49,13 @@ class CallPositions:
         if not lies:
             if positions == "all":
                 return None
+            if _last_alone(value, current):
+                raise ConfigError(
+                    f"{where}: positions={_said(positions)} at a module that computes only the "
+                    f"last position of the call (its value is {tuple(value.shape)} for "
+                    f"{current.shape[1]} positions: a language model's head while generating, "
+                    "logits_to_keep); use positions=all (each position it computes), or a "
+                    "module before it")
             raise ConfigError(
                 f"{where}: positions={_said(positions)} needs token positions, and this "
                 f"module's value, {tuple(value.shape)}, does not lie (batch, position, ...) "
@@ -72,6 +79,12 @@ class CallPositions:
                               f"{int(self.prompt[sample])} positions (the batch's sample "
                               f"{sample}); use positions that every sample has")
         return (current[..., None] == wanted[:, None, :]).any(-1)
+
+
+def _last_alone(value: torch.Tensor, current: torch.Tensor | None) -> bool:
+    # generate() asks the head for the logits of the call's last position alone
+    return (current is not None and value.dim() >= 3 and current.shape[1] > 1
+            and value.shape[0] == current.shape[0] and value.shape[1] == 1)
 
 
 def _said(positions) -> str:

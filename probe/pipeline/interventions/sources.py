@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from probe.errors import ConfigError, ProbeError
-from probe.file.format import Attr
+from probe.file.format import GENERATED, POSITIONS, Attr
 from probe.file.read import FeatureFile
 from probe.file.recorded import changes, loads
 
@@ -90,7 +90,8 @@ class PatchSource:
     rows (as its positions, from 0), or its one row.
 
     Raises (on construction):
-        ConfigError: the file is of another model, lacks the key, or stores it pooled.
+        ConfigError: the file is of another model, lacks the key, stores it pooled, or stores
+            token rows that are not every position from 0.
     """
 
     def __init__(self, where: str, path: str, key: str, model_fingerprint: dict):
@@ -110,6 +111,11 @@ class PatchSource:
                                   f"(reduce={reduce}, tokens={tokens}); patch from a run with "
                                   "reduce=none tokens=all")
             self.per_token = self._file.per_token(key)
+            if self.per_token:
+                _require_every_position(where, self._file, path)
+            # its samples hold answer rows after their prompt's: said where lengths differ
+            self.generated = GENERATED in self._file
+            self.samples = self._file.num_rows
             self.row_shape = tuple(dataset.shape[1:])
             self.said = {"from": path, "key": key, **_file_identity(self._file)}
         except BaseException:
@@ -129,7 +135,8 @@ class PatchSource:
                 samples.append(np.asarray(self._file.rows_of(self.key, int(i)), np.float32))
             except KeyError:
                 raise ConfigError(f"{self.where}: sample {i} is not in {self.path!r}; patch "
-                                  "from a run over the same samples") from None
+                                  "from a run over the same samples (the same limit, subset "
+                                  "and shard)") from None
         counts = torch.tensor([len(s) if self.per_token else 1 for s in samples])
         if not self.per_token:
             return torch.from_numpy(np.stack(samples)), counts
@@ -140,6 +147,28 @@ class PatchSource:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _require_every_position(where: str, f: FeatureFile, path: str) -> None:
+    """A sample's token rows are placed by their order (row k at position k): refuse a file
+    whose rows are not every position from 0 (a run that stored the answer's alone, or left
+    special tokens out), read a block of /positions at a time."""
+    offsets = f.offsets
+    if POSITIONS not in f or offsets is None:
+        return
+    positions = f[POSITIONS]
+    for start in range(0, int(offsets[-1]), _READ_ROWS):
+        rows = np.arange(start, min(start + _READ_ROWS, int(offsets[-1])))
+        sample = np.searchsorted(offsets, rows, side="right") - 1
+        wrong = np.flatnonzero(positions[rows[0]:rows[-1] + 1] != rows - offsets[sample])
+        if len(wrong):
+            row, n = int(rows[wrong[0]]), int(sample[wrong[0]])
+            raise ConfigError(
+                f"{where}: {path!r} stores row {row - int(offsets[n])} of sample "
+                f"{int(f.index[n])} at position {int(positions[row])}: its rows are not every "
+                "position from 0 (a run with generate.rows=answer, or dataset.exclude_special="
+                "true); patch from a run that stores them all (generate.rows=all, or no "
+                "generation, with dataset.exclude_special=false)")
 
 
 def _file_identity(f: FeatureFile) -> dict:
