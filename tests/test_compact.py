@@ -131,8 +131,12 @@ def test_a_nan_in_a_float8_row_is_one_line_and_writes_nothing(make_cfg, tmp_path
 
 # -- projections -------------------------------------------------------------------------------
 
-def test_pca_rows_are_scikit_learns_projection_up_to_sign(make_cfg, tiny_lm, corpus, tmp_path):
+@pytest.mark.parametrize("gram_limit", [8192, 8], ids=["gram", "svd"])
+def test_pca_rows_are_scikit_learns_projection_up_to_sign(gram_limit, make_cfg, tiny_lm, corpus,
+                                                          tmp_path, monkeypatch):
+    # rows wider than the Gram matrix's limit are held and decomposed by an SVD: both ways
     decomposition = pytest.importorskip("sklearn.decomposition")
+    monkeypatch.setattr("probe.pipeline.compact.fit.GRAM_LIMIT", gram_limit)
     plain = probe.run(_text(make_cfg, tiny_lm, corpus, output=tmp_path / "f32.h5"))
     projected = probe.run(_text(make_cfg, tiny_lm, corpus, "reduce=pca", "reduce_components=5",
                                 "reduce_fit_samples=4", output=tmp_path / "pca.h5"))
@@ -329,3 +333,31 @@ def test_float8_is_not_a_model_dtype(make_cfg, tiny_lm, corpus, tmp_path):
     with pytest.raises(ConfigError, match="model.dtype='float8' is unknown"):
         probe.run(_text(make_cfg, tiny_lm, corpus, "model.dtype=float8",
                         output=tmp_path / "bad.h5"))
+
+
+def test_the_export_command_says_how_compact_rows_were_stored(make_cfg, tmp_path):
+    from tests.cli import cli
+
+    packed = probe.run(_images(make_cfg, "output.dtype=float8", output=tmp_path / "f8.h5"))
+    with probe.open(packed) as f:
+        said = f.stored_as("fc/output")
+        assert said.startswith("float8 (e4m3 bytes, a float32 scale per row); against float32 "
+                               "over 12 rows: relative error")
+    done = cli(f"file={packed}", "to=npy", cwd=tmp_path, module="probe.export")
+    assert done.returncode == 0, done.stderr
+    assert f"fc/output: stored as {said}" in done.stderr
+
+def test_pca_fits_and_stores_the_rows_of_a_generation(make_cfg, tiny_lm, corpus, tmp_path):
+    # the fit pass generates as the run does: its rows are the prompt's and the answer's
+    common = ("generate.max_new_tokens=3", "generate.stop_at_eos=false")
+    plain = probe.run(_text(make_cfg, tiny_lm, corpus, *common, output=tmp_path / "f32.h5"))
+    projected = probe.run(_text(make_cfg, tiny_lm, corpus, *common, "reduce=pca",
+                                "reduce_components=4", "reduce_fit_samples=8",
+                                output=tmp_path / "pca.h5"))
+    with h5py.File(plain) as a, probe.open(projected) as f:
+        rows = a[TOKENS][:]
+        transform = f.transform(TOKENS)
+        assert transform["attrs"]["fit_rows"] == len(rows)  # every sample's, answers included
+        expected = (rows - transform["mean"]) @ transform["components"].T
+        np.testing.assert_allclose(f[TOKENS][:], expected, rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(f["generated"][:], a["generated"][:])

@@ -89,3 +89,20 @@ def test_lzf_is_for_h5py_alone(make_cfg):
     assert done.returncode != 0 or "unable to print data" in done.stdout + done.stderr
     with probe.open(path) as f:  # h5py reads it
         assert f["features.1/output"][:].shape == (5, 8, 32, 32)
+
+
+def test_float8_rows_decode_from_what_h5dump_prints(make_cfg):
+    # the bytes, the scales and the decode table (an attr) as the C library reads them: one
+    # lookup and one multiply give probe.open's floats
+    path = probe.run(make_cfg(*RUN, "output.dtype=float8"))
+    data = _dumped(path, "/fc/output").astype(np.int64).reshape(5, -1)
+    scale = _dumped(path, "/fc/output_scale").astype(np.float32)
+    done = subprocess.run(["h5dump", "-a", "/fc/output/decode_table", "-m", "%.9g", "-w", "0",
+                           str(path)], capture_output=True, text=True, check=True).stdout
+    table = np.array([float(v) for line in done.split("DATA {", 1)[1].splitlines()
+                      if "):" in line
+                      for v in line.split("):", 1)[1].replace(",", " ").split()],
+                     dtype=np.float32)
+    assert len(table) == 256
+    with probe.open(path) as f:
+        np.testing.assert_array_equal(table[data] * scale[:, None], f["fc/output"][:])

@@ -25,6 +25,8 @@ def _export(cfg: DictConfig) -> None:
                    for v in (cfg["keys"], cfg.names))
     done = export(file, to, keys=keys, out_dir=cfg.out_dir, seed=cfg.seed, names=names,
                   overwrite=cfg.overwrite, memory_mb=cfg.memory_mb)
+    for said in done.stored:  # compact rows, written decoded: how the file held them
+        log.info("%s", said)
     for line in done.lines():
         print(line)
 

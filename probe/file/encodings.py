@@ -22,7 +22,7 @@ import numpy as np
 from probe.file.format import Attr
 
 __all__ = ["FLOAT8", "FLOAT8_MAX", "float8_table", "decode_float8", "decoded", "is_scale",
-           "BFloat16Rows", "Float8Rows"]
+           "stored_as", "BFloat16Rows", "Float8Rows"]
 
 FLOAT8 = "float8_e4m3fn"
 FLOAT8_MAX = 448.0  # the largest finite e4m3 value: a row's largest magnitude is stored as it
@@ -63,6 +63,28 @@ def decoded(dataset: h5py.Dataset):
     if dtype == FLOAT8 and dataset.dtype == np.uint8:
         return Float8Rows(dataset, dataset.parent[str(dataset.attrs[Attr.SCALE])])
     return dataset
+
+
+def stored_as(attrs) -> str | None:
+    """How a dataset with ``attrs`` stores its rows where that is not float32, and what its
+    fidelity attrs say that lost, in words; None for float32 rows as computed."""
+    said = []
+    dtype = str(attrs.get(Attr.DTYPE, "float32"))
+    if dtype == FLOAT8:
+        said.append("float8 (e4m3 bytes, a float32 scale per row)")
+    elif dtype in ("float16", "bfloat16"):
+        said.append(dtype)
+    if Attr.COMPONENTS in attrs:
+        said.append(f"{attrs.get(Attr.REDUCE)} on {int(attrs[Attr.COMPONENTS])} components")
+    if not said:
+        return None
+    rows = int(attrs.get(Attr.FIDELITY_ROWS, 0))
+    if rows:
+        said.append(f"against float32 over {rows} rows: relative error "
+                    f"{float(attrs['fidelity_mean_relative_error']):.3g} mean, "
+                    f"{float(attrs['fidelity_max_relative_error']):.3g} worst, CKA "
+                    f"{float(attrs['fidelity_cka']):.6f}")
+    return "; ".join(said)
 
 
 class _Decoded:

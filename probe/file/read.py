@@ -17,7 +17,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from probe.errors import ConfigError, DataError, OutputError
-from probe.file.encodings import decoded, is_scale
+from probe.file.encodings import decoded, is_scale, stored_as
 from probe.file.format import (
     INDEX,
     KINDS,
@@ -228,6 +228,11 @@ class FeatureFile(Mapping):
         if key not in self._file or not isinstance(self._file[key], h5py.Dataset):
             raise KeyError(f"{key!r} is not in {self.path}; it holds {list(self)}")
         return decoded(self._file[key])
+
+    def stored_as(self, key: str) -> str | None:
+        """How ``key``'s rows are stored where it is not as float32 (float16, bfloat16, float8,
+        projected), with what that lost (its fidelity attrs), in words; None for float32."""
+        return stored_as(self[key].attrs)
 
     def transform(self, key: str) -> dict | None:
         """The projection of reduce=pca|srp rows ``key``: {"mean" (D,), "components" (K, D),

@@ -17,7 +17,7 @@ from torch import nn
 
 from probe.config.checks import read_config
 from probe.config.device import resolve_device
-from probe.config.schema import Reduce, Tokens
+from probe.config.schema import Dtype, Reduce, Tokens
 from probe.data.feed import Batch
 from probe.data.layouts import POSITIONS_FIRST, SAMPLE_ROWS, Axes
 from probe.data.tensors import feed_for
@@ -27,6 +27,7 @@ from probe.families.build import build_dataset, build_model
 from probe.families.registry import family_for
 from probe.families.towers import tower_of
 from probe.file.sizes import human_bytes
+from probe.pipeline.compact.planned import check_compact
 from probe.pipeline.fingerprint import model_fingerprint
 from probe.pipeline.interventions import interventions_for
 from probe.pipeline.keys import key_transform
@@ -50,6 +51,7 @@ def layer_table(cfg: DictConfig) -> tuple[list[str], list[tuple[str, ...]]]:
         ProbeError: a model, dataset or reduce that cannot work.
     """
     config = read_config(cfg)
+    check_compact(config)
     model = build_model(cfg)
     family = family_for(cfg.model, model)
     model, device = family.place(model, resolve_device(config.device), config.device)
@@ -68,7 +70,7 @@ def layer_table(cfg: DictConfig) -> tuple[list[str], list[tuple[str, ...]]]:
     # the rows a run of this config stores (a generating run adds the answer's)
     compute = pass_for(config, cfg.model, family, model, capture=None)
     layout = compute.rows(layout)
-    itemsize = config.output.dtype.torch.itemsize
+    components = config.reduce_components
     per_token = layout.lengths is not None and config.tokens is Tokens.all
     towers = family.towers
     rows = [("name", "type", "output shape", f"bytes/{'tok' if per_token else 'sample'}",
@@ -78,19 +80,16 @@ def layer_table(cfg: DictConfig) -> tuple[list[str], list[tuple[str, ...]]]:
         if info.shape is None:
             rows.append((info.name, info.type, "(not run)", "-", *tower))
             continue
-        try:
-            shape = _stored_shape(f"{info.name}/output", info.shape, layout, config.tokens,
-                                  reduces[info.name])
-        except ConfigError:  # a reduce this layer refuses: shown as it would be captured
-            shape = _stored_shape(f"{info.name}/output", info.shape, SAMPLE_ROWS,
-                                  config.tokens, reduces[info.name])
+        shape = _shown_shape(f"{info.name}/output", info.shape, layout, config.tokens,
+                             reduces[info.name], components)
         note = f" x{info.calls} calls" if info.calls > 1 else ""
         rows.append((info.name, info.type, f"{shape}{note}",
-                     human_bytes(itemsize * math.prod(shape)), *tower))
+                     human_bytes(_row_bytes(shape, config.output.dtype, len(shape))), *tower))
         if info.name in attention:  # hooks=[attention] stores its pattern
             pattern = _pattern_shape(info.name, layout, attention[info.name], config.tokens,
                                      longest)
-            size = "-" if isinstance(pattern, str) else human_bytes(itemsize * math.prod(pattern))
+            size = ("-" if isinstance(pattern, str) else
+                    human_bytes(_row_bytes(pattern, config.output.dtype, 1)))
             rows.append((f"{info.name}/attention", f"{attention[info.name][0]} heads",
                          str(pattern), size, *tower))
     notes = [layout.describe()]
@@ -98,6 +97,7 @@ def layer_table(cfg: DictConfig) -> tuple[list[str], list[tuple[str, ...]]]:
                                     layout.lengths.numpy())
     if most is not None and not exact:
         notes.append(f"the first sample: at most {int(most[0])} rows")
+    notes.extend(_compact_notes(config))
     notes.extend(_interventions(cfg, config, model, family))
     return [note for note in notes if note], rows
 
@@ -162,8 +162,43 @@ def _pattern_shape(name: str, layout, pattern: tuple[int, int, int], tokens: Tok
 
 
 def _stored_shape(key: str, shape: tuple[int, ...], layout, tokens: Tokens, reduce: Reduce,
-                  axes: Axes = POSITIONS_FIRST) -> tuple[int, ...]:
+                  axes: Axes = POSITIONS_FIRST, components: int | None = None
+                  ) -> tuple[int, ...]:
     raw = (1, *shape)
     follows = layout.follows(key, raw, axes)
     return key_transform(key, raw, reduce=reduce, axes=axes, layout=layout, follows=follows,
-                         pool=tokens).row_shape
+                         pool=tokens, components=components).row_shape
+
+
+def _shown_shape(key: str, shape: tuple[int, ...], layout, tokens: Tokens, reduce: Reduce,
+                 components: int | None) -> tuple[int, ...]:
+    """The shape a run stores; where the layer refuses the reduce (a pool of token features,
+    more components than values), as it would be captured."""
+    for tried, how in ((layout, reduce), (SAMPLE_ROWS, reduce), (SAMPLE_ROWS, Reduce.none)):
+        try:
+            return _stored_shape(key, shape, tried, tokens, how, components=components)
+        except ConfigError:
+            continue
+    return shape
+
+
+def _row_bytes(shape: tuple[int, ...], dtype: Dtype, scaled_axes: int) -> int:
+    """Bytes a stored row takes: its values, and float8's scales (float32, one per the row's
+    last ``scaled_axes`` axes)."""
+    values = dtype.torch.itemsize * math.prod(shape)
+    if dtype is not Dtype.float8:
+        return values
+    return values + 4 * math.prod(shape[:len(shape) - scaled_axes])
+
+
+def _compact_notes(config) -> list[str]:
+    notes = []
+    if config.output.dtype is Dtype.float8:
+        notes.append("output.dtype=float8: a byte per value and a float32 scale per row "
+                     "(bytes/row include it)")
+    if config.reduce.projects:
+        fit = (f", fitted on the first {config.reduce_fit_samples} samples"
+               if config.reduce is Reduce.pca else "")
+        notes.append(f"reduce={config.reduce.name}: each row projected on "
+                     f"{config.reduce_components} values{fit}")
+    return notes

@@ -206,14 +206,15 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
         pool=config.tokens, dtype=out.dtype.torch,
         channels_first={layer for layer in capture.layers if lays_channels_first(modules[layer])},
         longest=feed.longest(dataset), components=config.reduce_components)
-    # what each key's datasets store: projected (pca fits here, a resumed run reads its own
-    # file's projections back), encoded
+    capture.arm(shown.calls, shown.where, transforms)
+    compute.rehearse(batches[0].to(device))
+    # what each key's datasets store: projected (pca fits here, on the pass as rehearsed; a
+    # resumed run reads its own file's projections back), encoded
     compact = compact_for(config, transforms, stored=_stored_transforms(found),
                           fit_rows=lambda: fit_rows(compute, capture, feed, dataset,
                                                     _fit_selection(config, dataset), batching,
                                                     device, shown, transforms))
     capture.arm(shown.calls, shown.where, transforms, compact)
-    compute.rehearse(batches[0].to(device))
     if config.tokens.name != "all" and not shown.follows:
         log.warning("%s=%s has no effect: no stored output of this model has a position axis "
                     "to pool", Attr.TOKENS, config.tokens.name)

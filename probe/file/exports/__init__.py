@@ -98,8 +98,12 @@ def export(file: str | Path, to: str, *, keys: Sequence[str] | None = None,
         writer = _prepare(to, route, source, options)
         with staged(out_dir, source=source.path, overwrite=overwrite) as folder:
             written = writer.write(folder, int(memory_mb * 2**20))
+        # compact rows are written decoded: say how the file held them, and what was lost
+        stored = [f"{key}: stored as {said}" for key in source.keys
+                  if (said := source.file.stored_as(key)) is not None]
     files = [Written(out_dir / path, rows) for path, rows in written]
-    return Exported(to, out_dir, files, notes=list(getattr(writer, "notes", [])))
+    return Exported(to, out_dir, files, notes=list(getattr(writer, "notes", [])),
+                    stored=stored)
 
 
 def _route(to: str | None) -> Route:

@@ -45,6 +45,8 @@ class Exported:
     out_dir: Path
     files: list[Written]
     notes: list[str] = field(default_factory=list)
+    # "<key>: stored as ...": the keys the file holds compact (float8, pca, ...), written decoded
+    stored: list[str] = field(default_factory=list)
 
     @property
     def bytes(self) -> int:
