@@ -361,3 +361,46 @@ def test_pca_fits_and_stores_the_rows_of_a_generation(make_cfg, tiny_lm, corpus,
         expected = (rows - transform["mean"]) @ transform["components"].T
         np.testing.assert_allclose(f[TOKENS][:], expected, rtol=1e-4, atol=1e-4)
         np.testing.assert_array_equal(f["generated"][:], a["generated"][:])
+
+
+def test_a_row_too_small_for_its_scale_reads_back_without_nan():
+    # max|row| / 448 underflows to 0 below about 6e-43: the scale is float32's smallest then
+    from probe.file.encodings import decode_float8
+    from probe.pipeline.compact.encodings import Float8
+
+    rows = torch.tensor([[1e-43, -5e-44, 3.3e-44, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, -2.0, 0, 3]])
+    parts = Float8().encode("k", rows, 1)
+    data, scale = _float8_rule(rows[2:], 1)
+    np.testing.assert_array_equal(parts["k"][2:].numpy(), data)  # the rule, elsewhere
+    np.testing.assert_array_equal(parts["k_scale"][2:].numpy(), scale)
+    back = decode_float8(parts["k"].numpy(), parts["k_scale"].numpy())
+    assert not np.isnan(back).any()
+    np.testing.assert_allclose(back[0], rows[0].numpy(), rtol=0.07, atol=2e-45)
+    assert parts["k_scale"][1] == 1.0 and (back[1] == 0).all()
+
+
+def test_float8_targets_and_rdms_from_a_probe_file_read_as_floats(make_cfg, tmp_path):
+    from probe.analyses.compare.brain import _load
+    from probe.analyses.encode.targets import open_targets
+
+    packed = probe.run(_images(make_cfg, "output.dtype=float8", output=tmp_path / "f8.h5"))
+    with probe.open(packed) as f:
+        expected = f["fc/output"][:]
+    targets = open_targets(f"{packed}:fc/output")
+    np.testing.assert_array_equal(targets.rows(np.arange(12)), expected.astype(np.float64))
+    targets.close()
+    np.testing.assert_array_equal(_load(f"{packed}:fc/output", "rdm"), expected)
+
+
+def test_the_fit_pass_adds_nothing_to_the_interventions_count(make_cfg, tiny_lm, corpus,
+                                                              tmp_path, caplog):
+    from omegaconf import OmegaConf
+
+    caplog.set_level("INFO", logger="probe")
+    cfg = _text(make_cfg, tiny_lm, corpus, "reduce=pca", "reduce_components=3",
+                "reduce_fit_samples=8", output=tmp_path / "pca.h5")
+    cfg.intervene = OmegaConf.create([{"at": "transformer.h.0", "do": "zero",
+                                       "positions": "last"}])
+    probe.run(cfg)
+    said = [r.message for r in caplog.records if "interventions applied" in r.message]
+    assert said and said[-1].endswith("zero at transformer.h.0: 8")  # a last token per sample

@@ -259,3 +259,22 @@ def test_weights_that_are_not_a_checkpoint(make_cfg, tmp_path):
     with pytest.raises(DataError, match=r"notes.pt' is not a torch checkpoint \(torch.save "
                                         r"writes a zip archive; this file starts with b'these "):
         probe.run(make_cfg("model=resnet18", "layers=[fc]", f"model.weights={notes}"))
+
+
+def test_a_value_per_sample_whose_shape_follows_the_sample_is_one_line(make_cfg, tiny_lm,
+                                                                      tmp_path):
+    # an embedding's input is the token ids, (batch, length): no feature axis for a row per
+    # token, and rows per sample of as many lengths as samples; found by the dry run
+    pytest.importorskip("transformers")
+    from probe.errors import ConfigError
+    from tests.tiny_text import documents, write_jsonl
+
+    corpus = write_jsonl(tmp_path / "docs.jsonl", documents(4, seed=1, low=3, high=9))
+    cfg = make_cfg("model=transformers", f"model.name={tiny_lm}", "dataset=text",
+                   f"dataset.path={corpus}", "layers=[transformer.wte]", "hooks=[forward_pre]")
+    with pytest.raises(ConfigError) as caught:
+        probe.run(cfg)
+    said = str(caught.value)
+    assert "\n" not in said and said.startswith("transformer.wte/input is (")
+    assert "such as its output" in said
+    assert no_h5_files(tmp_path)

@@ -1,7 +1,8 @@
-"""The files that probe writes are what 0.2.0 wrote, byte for byte: six runs (images with
-gradients, text with every hook, a generation, a vision-language model generating, attention
-patterns of text and of a ViT) against the goldens that 0.2.0 wrote (tests/same_files.py);
-the one addition since, the fidelity attrs of compact (float16) rows, is set apart.
+"""The files that probe writes are what 0.2.0 wrote, value for value and attr for attr: six
+runs (images with gradients, text with every hook, a generation, a vision-language model
+generating, attention patterns of text and of a ViT) against the goldens that 0.2.0 wrote
+(tests/same_files.py); the one addition since, the fidelity attrs of compact (float16) rows, is
+set apart.
 
 Floats are compared bit for bit where this machine's CPU has the capability that the goldens
 were made with (torch's kernels differ between instruction sets); elsewhere to 1e-5."""

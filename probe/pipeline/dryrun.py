@@ -86,6 +86,13 @@ def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.
         if all(layout.follows(key, s[key], axes) for s, layout in zip(shapes, layouts,
                                                                        strict=True)):
             found.follows.add(key)
+        elif len(seen := list(dict.fromkeys(s[key][1:] for s in shapes))) > 1:
+            # rows per sample whose shape changes with the sample: the store cannot hold them
+            raise ConfigError(
+                f"{key} is {seen[0]} for one sample and {seen[1]} for another: it varies with "
+                "the sample "
+                "but has no feature axis to store a row per position (token ids, say); hook a "
+                "module whose value is (batch, position, features), such as its output")
     return found
 
 

@@ -215,6 +215,8 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
                                                     _fit_selection(config, dataset), batching,
                                                     device, shown, transforms))
     capture.arm(shown.calls, shown.where, transforms, compact)
+    if interventions:  # the fit pass's applications are not the run's: count from 0
+        compute = Intervened(compute.inner, interventions)
     if config.tokens.name != "all" and not shown.follows:
         log.warning("%s=%s has no effect: no stored output of this model has a position axis "
                     "to pool", Attr.TOKENS, config.tokens.name)

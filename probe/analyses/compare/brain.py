@@ -29,6 +29,7 @@ import torch
 
 from probe.analyses.compare.rsa import _mean_ranks
 from probe.errors import ConfigError, DataError
+from probe.file.encodings import decoded
 
 __all__ = ["BrainRDMs", "load_brain", "upper", "spearman_mean", "noise_ceiling",
            "bootstrap_intervals", "draws", "percentile_interval"]
@@ -106,7 +107,7 @@ def _load(spec: str, option: str) -> np.ndarray:
                 if name not in f or not isinstance(f[name], h5py.Dataset):
                     raise ConfigError(f"{option}={spec!r}: {path} has no dataset {name!r}; it "
                                       f"has {sorted(f)}")
-                return np.asarray(f[name][()])
+                return np.asarray(decoded(f[name])[()])  # bfloat16, float8 rows as floats
         return np.load(path, allow_pickle=False)
     except (OSError, ValueError) as err:
         raise ConfigError(f"{option}={spec!r} cannot be read ({err}); give a .npy file "

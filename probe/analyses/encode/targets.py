@@ -12,6 +12,7 @@ import numpy as np
 
 from probe.analyses.stats import read_rows
 from probe.errors import ConfigError, DataError
+from probe.file.encodings import decoded
 from probe.file.format import Attr
 from probe.file.read import FeatureFile
 
@@ -125,7 +126,8 @@ def _from_hdf5(spec: str, path: Path, name: str, option: str) -> Targets:
         raise ConfigError(f"{option}={spec!r}: {str(path)!r} has no dataset {name!r}; it holds "
                           f"{names}")
     try:
-        return _checked(spec, dataset, handle, option)
+        # a probe file's bfloat16 or float8 rows, as floats
+        return _checked(spec, decoded(dataset), handle, option)
     except BaseException:
         handle.close()
         raise

@@ -24,6 +24,7 @@ from probe.file.format import Attr, DatasetSpec, scale_key, split_key
 __all__ = ["Encoding", "Cast", "Float8", "encoding_for"]
 
 _FLOAT16_LIMIT = 65520.0  # the smallest magnitude that float16 rounds to infinity
+_SMALLEST = 2.0 ** -149  # float32's smallest positive (subnormal) value
 
 
 class Encoding:
@@ -84,8 +85,9 @@ class Cast(Encoding):
 
 class Float8(Encoding):
     """e4m3 bytes and a float32 scale per row (per ``scaled_axes`` trailing axes): scale =
-    max|row| / 448 (1.0 for a row of zeros), byte = (row / scale) as e4m3. A NaN or an
-    infinity in a row would make its scale, and so every value of the row, NaN: refused."""
+    max|row| / 448 (1.0 for a row of zeros; 2^-149 where that underflows to 0), byte =
+    (row / scale) as e4m3. A NaN or an infinity in a row would make its scale, and so every
+    value of the row, NaN: refused."""
 
     dtype = torch.float8_e4m3fn
     compact = True
@@ -95,7 +97,10 @@ class Float8(Encoding):
         axes = tuple(range(rows.dim() - scaled_axes, rows.dim()))
         largest = rows.abs().amax(axes, keepdim=True) if axes else rows.abs()
         self._flags.append((key, ~torch.isfinite(largest).all()))
-        scale = torch.where(largest == 0, torch.ones_like(largest), largest / FLOAT8_MAX)
+        scale = largest / FLOAT8_MAX
+        # a row of zeros is scaled by 1; one so small that its scale underflows to 0 (below
+        # about 6e-43) by float32's smallest value, not 0, which would make its zeros NaN
+        scale = torch.where(largest == 0, 1.0, torch.where(scale == 0, _SMALLEST, scale))
         data = (rows / scale).to(torch.float8_e4m3fn).view(torch.uint8)
         return {key: data, scale_key(key): scale.reshape(scale.shape[:rows.dim() - scaled_axes])}
 

@@ -96,7 +96,7 @@ class PcaFit:
         largest = axes.abs().argmax(1)
         axes = axes * torch.sign(axes[torch.arange(len(axes)), largest])[:, None]
         kept = variances[:self.components]
-        ratio = float(kept.sum() / total) if total > 0 else 1.0
+        ratio = min(1.0, float(kept.sum() / total)) if total > 0 else 1.0  # rounding: <= 1
         return Projection("pca", mean.float(), axes.float(), kept.float(),
                           attrs={"method": "pca", "fit_samples": self.samples,
                                  "fit_rows": self.rows, "explained_variance_ratio": ratio})

@@ -24,6 +24,7 @@ __all__ = ["check_compact", "compact_for"]
 
 log = logging.getLogger(__name__)
 
+MOST_FIDELITY_ROWS = 8192  # the report's CKA holds two n x n float64 matrices: 1 GiB at this
 # the rows of each fit batch by key, and the samples they come from
 FitRows = Callable[[], Iterator[tuple[Mapping[str, torch.Tensor], int]]]
 
@@ -44,9 +45,9 @@ def check_compact(config: ProbeConfig) -> None:
     if config.reduce_fit_samples < 1:
         raise ConfigError(f"reduce_fit_samples={config.reduce_fit_samples}: pca fits its axes "
                           "on the rows of at least 1 sample; use 1 or more (default 256)")
-    if config.output.fidelity_rows < 0:
-        raise ConfigError(f"output.fidelity_rows={config.output.fidelity_rows} must be 0 (no "
-                          "report) or more")
+    if not 0 <= config.output.fidelity_rows <= MOST_FIDELITY_ROWS:
+        raise ConfigError(f"output.fidelity_rows={config.output.fidelity_rows}: use 0 (no "
+                          f"report) to {MOST_FIDELITY_ROWS} (its CKA holds an n x n matrix)")
 
 
 def compact_for(config: ProbeConfig, transforms: Mapping[str, KeyTransform], *,
