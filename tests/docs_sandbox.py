@@ -3,7 +3,7 @@ name, and tiny stand-ins for the Hugging Face checkpoints they name, put in the 
 the real ids, so that ``model.name=gpt2`` loads offline as the docs show it.
 
     docs.jsonl  prompts.jsonl  ids.jsonl  images/{cat,dog}/  pairs.csv  clips/{yes,no}/  clips.csv
-    tiny-clip.json
+    tiny-clip.json  chats.jsonl  chatml.jinja
     gpt2, facebook/dinov2-with-registers-small, google/vit-base-patch16-224,
     openai/clip-vit-base-patch32, facebook/wav2vec2-base, facebook/wav2vec2-base-960h,
     llava-hf/llava-1.5-7b-hf, Qwen/Qwen2-VL-2B-Instruct
@@ -30,6 +30,11 @@ _TINY_CLIP = {"embed_dim": 16,
                              "head_width": 16},
               "text_cfg": {"context_length": 12, "vocab_size": 49408, "width": 32, "heads": 2,
                            "layers": 2}}
+
+
+_CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+           "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+           "{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
 def make_sandbox(root: Path) -> Path:
@@ -62,6 +67,13 @@ def make_sandbox(root: Path) -> Path:
         writer.writerows((str(p.relative_to(root)), p.parent.name, "abc hid")
                          for p in clips)
     (root / "tiny-clip.json").write_text(json.dumps(_TINY_CLIP))
+    words = documents(8, seed=5, low=2, high=6)
+    with (root / "chats.jsonl").open("w") as stream:
+        for question, answer in zip(words[::2], words[1::2], strict=True):
+            stream.write(json.dumps({"messages": [{"role": "user", "content": question},
+                                                  {"role": "assistant", "content": answer}]})
+                         + "\n")
+    (root / "chatml.jinja").write_text(_CHATML)
     made = tempfile.mkdtemp(prefix="probe-docs-models-")
     for hub_id, make in (
             ("gpt2", lambda d: tiny_gpt2(d, layers=12)),

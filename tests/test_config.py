@@ -78,6 +78,15 @@ def test_every_dataset_config_instantiates(make_cfg, tmp_path, monkeypatch, requ
 
         docs = write_jsonl(tmp_path / "docs.jsonl", documents(3))
         extra = [f"dataset.path={docs}", f"dataset.tokenizer={request.getfixturevalue('tiny_lm')}"]
+    elif name == "chat":  # a chat template given as a file: the tiny tokenizer has none
+        chats = tmp_path / "chats.jsonl"
+        chats.write_text('{"messages": [{"role": "user", "content": "the cat"}, '
+                         '{"role": "assistant", "content": "a dog"}]}\n')
+        template = tmp_path / "chat.jinja"
+        template.write_text("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}"
+                            "{% endfor %}")
+        extra = [f"dataset.path={chats}", f"dataset.chat_template={template}",
+                 f"dataset.tokenizer={request.getfixturevalue('tiny_lm')}"]
     elif name == "tokens":
         (tmp_path / "ids.jsonl").write_text('{"input_ids": [3, 1, 4]}\n')
         extra = [f"dataset.path={tmp_path / 'ids.jsonl'}"]
@@ -104,9 +113,11 @@ def test_every_dataset_config_instantiates(make_cfg, tmp_path, monkeypatch, requ
     if name == "audio":
         assert dataset[0]["audio"].shape == (3200,) and dataset[0]["target"] == 0
         return
-    if name in ("text", "tokens"):
+    if name in ("text", "tokens", "chat"):
         item = dataset[0]
         assert item["input_ids"].dtype == torch.int64 and item["keep"].all()
+        if name == "chat":  # "assistant: a dog" is the assistant's
+            assert item["columns"]["loss_mask"].any() and not item["columns"]["loss_mask"].all()
         return
     image, target = dataset[0]
     assert image.shape[0] == 3 and image.shape[-1] == 32 and isinstance(target, int)

@@ -14,6 +14,8 @@ and gradcam read by it. A reader without this package needs only the layout in D
     /document (T,)    with packing: the dataset index of the document it comes from
     /generated (T,)   generation: bool, true on the rows of generated tokens (after the prompt's)
     /completion (N,)  generation: str, each sample's answer, decoded, special tokens left out
+    /loss_mask (T,)   conversations: bool, true on the assistant's tokens
+    /role (T,)        conversations: int8, the role of each token's message (attr values)
     /<layer>/<kind>   (T, *S) with tokens=all (attr rows=token), else (N, *S)
     compact rows (probe.file.encodings):
     /<layer>/<kind>_scale  output.dtype=float8: a float32 scale per row (per query row of an
@@ -34,6 +36,7 @@ import numpy as np
 __all__ = [
     "INDEX", "TARGET", "OFFSETS", "INPUT_IDS", "POSITIONS", "DOCUMENT", "FILE", "SKIPPED",
     "CAPTION", "TRANSCRIPT", "GENERATED", "COMPLETION", "MODALITY", "PATCH", "VALUE_NAMES",
+    "LOSS_MASK", "ROLE",
     "TRANSFORM", "SCALE_SUFFIX", "scale_key", "transform_path",
     "ROWS_PER_POSITION", "KINDS", "Attr",
     "DatasetSpec", "FileState", "dataset_key", "split_key", "call_key", "parse_kind",
@@ -54,10 +57,12 @@ GENERATED = "generated"  # generation: whether each token row is a generated tok
 COMPLETION = "completion"  # generation: each sample's answer, decoded
 MODALITY = "modality"  # vision-language models: what each token row is (VALUE_NAMES)
 PATCH = "patch"  # vision-language models: an image row's (row, column) on its patch grid
+LOSS_MASK = "loss_mask"  # conversations: true on the tokens an assistant wrote
+ROLE = "role"  # conversations: the role of the message each token belongs to (VALUE_NAMES)
 TRANSFORM = "transform"  # the group of reduce=pca|srp's transforms, by layer and kind
 SCALE_SUFFIX = "_scale"  # output.dtype=float8: <layer>/<kind>_scale holds each row's scale
 # the name of each value of a bookkeeping dataset of codes, by value (its attr Attr.VALUES)
-VALUE_NAMES = {MODALITY: ("text", "image")}
+VALUE_NAMES = {MODALITY: ("text", "image"), ROLE: ("system", "user", "assistant", "tool")}
 ROWS_PER_POSITION = "token"  # the rows attr of a dataset with one row per stored position
 # The kinds of value a run stores under <layer>/, each by the name that asks for it in
 # hooks=, in the order readers list them: the built-in capture kinds (probe.pipeline.kinds,

@@ -8,7 +8,9 @@ that ``exclude_special`` leaves out), recorded with the token's id (``/input_ids
 position (``/positions``), and, for packed windows, its document (``/document``).
 
 A dataset of token sequences (``Sequences``) gives items ``{"input_ids", "keep", "target",
-"document"}`` and says how long its samples are, so that batches can be bucketed by length.
+"document"}`` (and ``"columns"``: values per token stored beside the ids, a conversation's
+``/loss_mask`` and ``/role``) and says how long its samples are, so that batches can be
+bucketed by length.
 """
 
 from __future__ import annotations
@@ -139,8 +141,7 @@ class TextFeed(Feed):
             raise DataError(row[1])
         if len(row[1]["input_ids"]) < 2:
             return [self.collate([row]), self.collate([row], extra=1)]
-        shorter = (row[0], {key: value[:-1] if isinstance(value, torch.Tensor) else value
-                            for key, value in row[1].items()})
+        shorter = (row[0], _shorter(row[1]))
         return [self.collate([row]), self.collate([shorter]), self.collate([row, shorter])]
 
     def collate(self, rows: list[tuple[int, dict | str]], extra: int = 0,
@@ -162,6 +163,8 @@ class TextFeed(Feed):
         rows = {INPUT_IDS: ids[keep].to(torch.int32), POSITIONS: positions[keep].to(torch.int32)}
         if items[0]["document"] is not None:
             rows[DOCUMENT] = torch.cat([item["document"][item["keep"]] for item in items])
+        for name in items[0].get("columns", {}):  # a value per token (a conversation's roles)
+            rows[name] = torch.cat([item["columns"][name][item["keep"]] for item in items])
         return Batch(index, torch.tensor([item["target"] for item in items], dtype=torch.int64),
                      {"input_ids": ids, "attention_mask": real.long()},
                      layout=Positions(keep, rows), skipped=skipped)
@@ -194,3 +197,9 @@ class TextFeed(Feed):
     def describe(self, batch: Batch) -> str:
         return f"{batch.layout.length} tokens"
 
+
+def _shorter(item: dict) -> dict:
+    """A sample one token shorter: each of its values per token (its columns' too) cut."""
+    return {key: _shorter(value) if isinstance(value, dict) else
+            value[:-1] if isinstance(value, torch.Tensor) else value
+            for key, value in item.items()}

@@ -1,0 +1,223 @@
+"""Conversations (dataset=chat): each conversation rendered by the tokenizer's own chat template;
+/loss_mask equals transformers' own assistant mask (a ChatML template, with the prefix rule
+probe uses, against the same template with generation marks) and a hand-made one (a
+Llama-3-style template with marks); /role names each token's message; the rows equal one
+forward per conversation without probe; rows=assistant keeps the assistant's rows alone; every
+bad conversation is one line, or left out and recorded. A tiny GPT-2 and a tokenizer given chat
+special tokens here."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import probe
+from probe.errors import ConfigError, DataError
+from tests.conftest import no_h5_files
+
+transformers = pytest.importorskip("transformers")
+
+SPECIAL = ["<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>",
+           "<|end_header_id|>", "<|eot_id|>"]
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
+          "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}"
+          "{{ '<|im_start|>assistant\n' }}{% endif %}")
+# the same text, the assistant's part marked: transformers' own mask is the oracle
+CHATML_MARKED = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' }}"
+                 "{% if m['role'] == 'assistant' %}{% generation %}"
+                 "{{ m['content'] + '<|im_end|>\n' }}{% endgeneration %}"
+                 "{% else %}{{ m['content'] + '<|im_end|>\n' }}{% endif %}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+LLAMA3 = ("{{ '<|begin_of_text|>' }}{% for m in messages %}"
+          "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' }}"
+          "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] + '<|eot_id|>' }}"
+          "{% endgeneration %}{% else %}{{ m['content'] + '<|eot_id|>' }}{% endif %}"
+          "{% endfor %}{% if add_generation_prompt %}"
+          "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+
+CHATS = [
+    {"messages": [{"role": "user", "content": "the cat sat on the mat"},
+                  {"role": "assistant", "content": "a dog ran in the park"}]},
+    {"messages": [{"role": "system", "content": "be brief"},
+                  {"role": "user", "content": "what sat"},
+                  {"role": "assistant", "content": "the cat"},
+                  {"role": "user", "content": "the dog ran"},
+                  {"role": "assistant", "content": "in the park"}]},
+    {"messages": [{"role": "user", "content": "the river ran"},
+                  {"role": "assistant", "content": "by the park"}]},
+]
+LAYER = "transformer.h.0"  # hidden_states[1] (the last one has the final norm applied)
+
+
+def _chat_lm(folder, tiny_lm, template: str):
+    """The tiny GPT-2 with the chat special tokens added (embeddings resized) and ``template``
+    as its tokenizer's chat template."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_lm)
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL})
+    tokenizer.chat_template = template
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_lm)
+    model.resize_token_embeddings(len(tokenizer))
+    tokenizer.save_pretrained(folder)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module", params=["chatml", "llama3"])
+def chat_lm(request, tiny_lm, tmp_path_factory):
+    template = {"chatml": CHATML, "llama3": LLAMA3}[request.param]
+    return request.param, _chat_lm(tmp_path_factory.mktemp(request.param), tiny_lm, template)
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _cfg(make_cfg, lm, chats, *extra, output=None):
+    return make_cfg("model=transformers", f"model.name={lm}", "dataset=chat",
+                    f"dataset.path={chats}", f"layers=[{LAYER}]", "batch_size=2", *extra,
+                    output=output)
+
+
+def _expected(name: str, tokenizer, messages) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ids, the assistant mask and the roles, without probe: transformers' own mask from the
+    marked ChatML template; for the Llama-3 one, built piece by piece (a message's header,
+    then its content and end token, tokenized apart: special tokens split the text)."""
+    roles = ("system", "user", "assistant", "tool")
+    if name == "chatml":
+        found = tokenizer.apply_chat_template(messages, chat_template=CHATML_MARKED,
+                                              tokenize=True, return_dict=True,
+                                              return_assistant_tokens_mask=True)
+        ids, mask = np.asarray(found["input_ids"]), np.asarray(found["assistant_masks"], bool)
+        role, at = [], 0  # each message's tokens: from its <|im_start|>
+        starts = np.flatnonzero(ids == tokenizer.convert_tokens_to_ids("<|im_start|>"))
+        for n, start in enumerate([*starts[1:], len(ids)]):
+            role += [roles.index(messages[n]["role"])] * (int(start) - at)
+            at = int(start)
+        return ids, mask, np.asarray(role)
+    ids, mask, role = [], [], []
+    for n, message in enumerate(messages):
+        head = tokenizer(("<|begin_of_text|>" if n == 0 else "") + "<|start_header_id|>"
+                         + message["role"] + "<|end_header_id|>\n\n",
+                         add_special_tokens=False)["input_ids"]
+        body = tokenizer(message["content"] + "<|eot_id|>", add_special_tokens=False)["input_ids"]
+        ids += head + body
+        mask += [False] * len(head) + [message["role"] == "assistant"] * len(body)
+        role += [roles.index(message["role"])] * (len(head) + len(body))
+    return np.asarray(ids), np.asarray(mask), np.asarray(role)
+
+
+def test_loss_mask_roles_and_rows_equal_each_conversation_alone(chat_lm, make_cfg, tmp_path,
+                                                                caplog):
+    name, lm = chat_lm
+    chats = _write(tmp_path / "chats.jsonl", CHATS)
+    caplog.set_level("INFO", logger="probe")
+    path = probe.run(_cfg(make_cfg, lm, chats))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(lm)
+    model = transformers.AutoModelForCausalLM.from_pretrained(lm).eval()
+    way = "generation marks" if name == "llama3" else "prefix"
+    assert any("assistant's tokens found by" in r.message and way in r.message
+               for r in caplog.records)
+    with h5py.File(path) as f:
+        bounds = f["offsets"][:]
+        assert list(f["role"].attrs["values"]) == ["system", "user", "assistant", "tool"]
+        assert f["loss_mask"].dtype == bool
+        for n, chat in enumerate(CHATS):
+            part = slice(bounds[n], bounds[n + 1])
+            ids, mask, role = _expected(name, tokenizer, chat["messages"])
+            np.testing.assert_array_equal(f["input_ids"][part], ids)
+            np.testing.assert_array_equal(f["loss_mask"][part], mask)
+            np.testing.assert_array_equal(f["role"][part], role)
+            assert mask.sum() > 0
+            with torch.no_grad():
+                alone = model(torch.as_tensor(ids)[None], output_hidden_states=True)
+            np.testing.assert_allclose(f[f"{LAYER}/output"][part],
+                                       alone.hidden_states[1][0].numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_rows_of_the_assistant_alone(chat_lm, make_cfg, tmp_path):
+    _, lm = chat_lm
+    chats = _write(tmp_path / "chats.jsonl", CHATS)
+    every = probe.run(_cfg(make_cfg, lm, chats, output=tmp_path / "all.h5"))
+    mine = probe.run(_cfg(make_cfg, lm, chats, "dataset.rows=assistant",
+                          output=tmp_path / "assistant.h5"))
+    with h5py.File(every) as a, h5py.File(mine) as b:
+        mask = a["loss_mask"][:]
+        np.testing.assert_array_equal(b[f"{LAYER}/output"][:], a[f"{LAYER}/output"][:][mask])
+        np.testing.assert_array_equal(b["input_ids"][:], a["input_ids"][:][mask])
+        assert b["loss_mask"][:].all()
+        assert (b["role"][:] == 2).all()
+        counts = [int(mask[a["offsets"][n]:a["offsets"][n + 1]].sum()) for n in range(3)]
+        np.testing.assert_array_equal(np.diff(b["offsets"][:]), counts)
+
+
+def test_sharegpt_conversations_and_a_system_prompt(chat_lm, make_cfg, tmp_path):
+    _, lm = chat_lm
+    shared = [{"conversations": [{"from": "human", "value": m["content"]} if m["role"] == "user"
+                                 else {"from": "gpt", "value": m["content"]}
+                                 for m in chat["messages"] if m["role"] != "system"]}
+              for chat in CHATS]
+    plain = [{"messages": [{"role": "system", "content": "say little"},
+                           *(m for m in chat["messages"] if m["role"] != "system")]}
+             for chat in CHATS]
+    a = probe.run(_cfg(make_cfg, lm, _write(tmp_path / "s.jsonl", shared),
+                       "dataset.system_prompt='say little'", output=tmp_path / "s.h5"))
+    b = probe.run(_cfg(make_cfg, lm, _write(tmp_path / "p.jsonl", plain),
+                       output=tmp_path / "p.h5"))
+    with h5py.File(a) as x, h5py.File(b) as y:
+        for key in ("input_ids", "loss_mask", "role", f"{LAYER}/output"):
+            np.testing.assert_array_equal(x[key][:], y[key][:], err_msg=key)
+        assert (x["role"][:x["offsets"][1]] == 0).any()  # the system turn is there
+
+
+@pytest.mark.parametrize("row, said", [
+    ({"messages": [{"role": "user", "content": "hi"}]}, "has no assistant turn"),
+    ({"messages": [{"role": "wizard", "content": "hi"}, {"role": "assistant", "content": "x"}]},
+     "role 'wizard', not one of system, user, assistant, tool"),
+    ({"messages": "hello"}, "not a list of messages"),
+])
+def test_a_bad_conversation_is_one_line_or_left_out(row, said, chat_lm, make_cfg, tmp_path):
+    _, lm = chat_lm
+    chats = _write(tmp_path / "chats.jsonl", [CHATS[0], row, CHATS[2]])
+    with pytest.raises(DataError) as caught:
+        probe.run(_cfg(make_cfg, lm, chats))
+    assert said in str(caught.value) and "\n" not in str(caught.value)
+    assert "conversation 1 of" in str(caught.value)
+    assert no_h5_files(tmp_path)
+    path = probe.run(_cfg(make_cfg, lm, chats, "dataset.on_error=skip"))
+    with h5py.File(path) as f:
+        np.testing.assert_array_equal(f["index"][:], [0, 2])
+        np.testing.assert_array_equal(f["skipped"][:], [1])
+
+
+def test_a_tokenizer_without_a_chat_template_is_one_line(tiny_lm, make_cfg, tmp_path):
+    chats = _write(tmp_path / "chats.jsonl", [CHATS[0], CHATS[2]])  # no chat tokens: long
+    with pytest.raises(ConfigError, match="has no chat template; set dataset.chat_template="):
+        probe.run(_cfg(make_cfg, tiny_lm, chats))
+    template = tmp_path / "chatml.jinja"
+    template.write_text(CHATML)
+    path = probe.run(_cfg(make_cfg, tiny_lm, chats, f"dataset.chat_template={template}"))
+    with h5py.File(path) as f:
+        assert f["loss_mask"][:].any()
+
+
+def test_a_killed_chat_run_resumes_to_the_uninterrupted_file(chat_lm, make_cfg, tmp_path,
+                                                             monkeypatch):
+    from tests.conftest import assert_same_datasets, interrupt_after
+
+    _, lm = chat_lm
+    chats = _write(tmp_path / "chats.jsonl", CHATS * 2)
+    extra = ("batch_size=1", "output.commit_every=1", "bucket_by_length=false")
+    whole = probe.run(_cfg(make_cfg, lm, chats, *extra, output=tmp_path / "whole.h5"))
+    cfg = _cfg(make_cfg, lm, chats, *extra, output=tmp_path / "killed.h5")
+    interrupt_after(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        probe.run(cfg)
+    resumed = probe.run(cfg)
+    assert_same_datasets(whole, resumed, ["input_ids", "loss_mask", "role", "offsets",
+                                          f"{LAYER}/output", "index"])
