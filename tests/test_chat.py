@@ -221,3 +221,51 @@ def test_a_killed_chat_run_resumes_to_the_uninterrupted_file(chat_lm, make_cfg, 
     resumed = probe.run(cfg)
     assert_same_datasets(whole, resumed, ["input_ids", "loss_mask", "role", "offsets",
                                           f"{LAYER}/output", "index"])
+
+
+def test_generation_answers_each_conversations_last_turn_anew(chat_lm, make_cfg, tmp_path):
+    # the prompt: the conversation before its last turn, with the generation prompt, as the
+    # template renders it; the answer: the model's greedy tokens, the assistant's in the mask
+    name, lm = chat_lm
+    new = 3
+    chats = _write(tmp_path / "chats.jsonl", CHATS)
+    path = probe.run(_cfg(make_cfg, lm, chats, f"generate.max_new_tokens={new}",
+                          "generate.stop_at_eos=false"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(lm)
+    model = transformers.AutoModelForCausalLM.from_pretrained(lm).eval()
+    with h5py.File(path) as f:
+        bounds = f["offsets"][:]
+        for n, chat in enumerate(CHATS):
+            part = slice(bounds[n], bounds[n + 1])
+            prompt = tokenizer.apply_chat_template(chat["messages"][:-1], tokenize=True,
+                                                   add_generation_prompt=True,
+                                                   return_dict=True)["input_ids"]
+            sequence = list(prompt)
+            for _ in range(new):  # greedy, without a cache
+                with torch.no_grad():
+                    logits = model(torch.tensor([sequence])).logits
+                sequence.append(int(logits[0, -1].argmax()))
+            np.testing.assert_array_equal(f["input_ids"][part], sequence)
+            generated = f["generated"][part]
+            np.testing.assert_array_equal(generated, [False] * len(prompt) + [True] * new)
+            mask, role = f["loss_mask"][part], f["role"][part]
+            assert mask[generated].all() and (role[generated] == 2).all()
+            _, before, _ = _expected(name, tokenizer, chat["messages"][:-1])
+            np.testing.assert_array_equal(mask[:len(before)], before)  # earlier answers
+            assert not mask[len(before):len(prompt)].any()  # the assistant's header
+            assert (role[len(before):len(prompt)] == 2).all()
+            with torch.no_grad():
+                alone = model(torch.tensor([sequence]), output_hidden_states=True)
+            np.testing.assert_allclose(f[f"{LAYER}/output"][part],
+                                       alone.hidden_states[1][0].numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_generating_from_a_conversation_that_ends_with_a_user_turn_is_one_line(
+        chat_lm, make_cfg, tmp_path):
+    _, lm = chat_lm
+    ending = {"messages": [*CHATS[0]["messages"], {"role": "user", "content": "and then"}]}
+    chats = _write(tmp_path / "chats.jsonl", [ending])
+    with pytest.raises(DataError) as caught:
+        probe.run(_cfg(make_cfg, lm, chats, "generate.max_new_tokens=2"))
+    said = str(caught.value)
+    assert "ends with a user turn" in said and "\n" not in said

@@ -32,7 +32,7 @@ from probe.data.text.corpus import (  # how dataset=text reads files, columns, t
     _tokenizer,
 )
 from probe.data.text.feed import TextFeed
-from probe.data.text.turns import Turns, messages_of, render, with_system
+from probe.data.text.turns import ROLES, Turns, messages_of, render, with_system
 from probe.errors import ConfigError, DataError
 from probe.file.format import LOSS_MASK, ROLE
 
@@ -60,13 +60,16 @@ class ChatDataset(Dataset):
     def __init__(self, path: str | None = None, name: str | None = None, split: str = "train",
                  column: str | None = None, max_length: int = 2048,
                  tokenizer: str | None = None, chat_template: str | None = None,
-                 system_prompt: str | None = None, rows: str = "all"):
+                 system_prompt: str | None = None, rows: str = "all", generate: int = 0):
         if int(max_length) < 1:
             raise ConfigError(f"dataset.max_length={max_length} must be at least 1")
         if rows not in ("all", "assistant"):
             raise ConfigError(f"dataset.rows={rows!r} is unknown; use all (every token's row) "
                               "or assistant (the assistant's tokens alone)")
         self.max_length, self.rows_kept, self.system_prompt = int(max_length), rows, system_prompt
+        # generate.max_new_tokens, as the config group interpolates it: above 0, each
+        # conversation is its prompt, cut before its last turn (the assistant's, to answer anew)
+        self.generating = int(generate) > 0
         self.files = _files(path) if path is not None else []
         self.source = str(path) if path is not None else f"{name}:{split}"
         self.tokenizer_name = _required(tokenizer, "tokenizer", "the model's name or folder")
@@ -99,7 +102,9 @@ class ChatDataset(Dataset):
         return {"input_ids": torch.from_numpy(turns.ids), "keep": torch.from_numpy(keep),
                 "target": -1, "document": None,
                 "columns": {LOSS_MASK: torch.from_numpy(turns.loss_mask),
-                            ROLE: torch.from_numpy(turns.role)}}
+                            ROLE: torch.from_numpy(turns.role)},
+                # what a generated token's are: the assistant's
+                "answer_fill": {LOSS_MASK: True, ROLE: ROLES.index("assistant")}}
 
     def turns(self, indices: list[int]) -> list[Turns | str]:
         """Each conversation rendered and truncated, or the line that says why it cannot be."""
@@ -112,7 +117,9 @@ class ChatDataset(Dataset):
         try:
             messages = with_system(messages_of(self.table[index][self.column]),
                                    self.system_prompt)
-            turns = render(self.tokenizer, messages, self.template)
+            if self.generating:
+                messages = _prompt_of(messages)
+            turns = render(self.tokenizer, messages, self.template, prompt=self.generating)
         except ValueError as err:
             return bad_sample(index, DataError(f"conversation {index} of {self.source}: {err}; "
                                                "fix or remove it, or set dataset.on_error=skip "
@@ -167,6 +174,21 @@ class ChatDataset(Dataset):
             self.tokenizer.get_vocab().items()))
         return {"text_files": _digest("\n".join(lines)), "tokenizer": _digest(vocab),
                 "chat_template": _digest(self.template or self.tokenizer.chat_template or "")}
+
+
+def _prompt_of(messages: list[dict]) -> list[dict]:
+    """A conversation cut before its last turn, which must be the assistant's (its answer, to
+    be generated anew).
+
+    Raises:
+        ValueError: it ends with another turn.
+    """
+    if messages[-1]["role"] != "assistant":
+        raise ValueError(f"it ends with a {messages[-1]['role']} turn, and generating answers "
+                         "each conversation's last turn, the assistant's, anew; end each with "
+                         "the assistant's turn to regenerate, or leave generate.max_new_tokens "
+                         "out")
+    return messages[:-1]
 
 
 def _template(path: str | None) -> str | None:

@@ -167,7 +167,8 @@ class TextFeed(Feed):
             rows[name] = torch.cat([item["columns"][name][item["keep"]] for item in items])
         return Batch(index, torch.tensor([item["target"] for item in items], dtype=torch.int64),
                      {"input_ids": ids, "attention_mask": real.long()},
-                     layout=Positions(keep, rows), skipped=skipped)
+                     layout=Positions(keep, rows, answer_fill=items[0].get("answer_fill", {})),
+                     skipped=skipped)
 
     def stored_positions(self, dataset: Sequences, selection: Selection) -> np.ndarray | None:
         """The token rows each sample stores (None when read as it comes: not known before)."""

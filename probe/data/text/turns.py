@@ -87,25 +87,29 @@ def has_marks(template: str) -> bool:
     return bool(_MARKS.search(template))
 
 
-def render(tokenizer, messages: list[dict], template: str | None = None) -> Turns:
-    """The conversation through the chat template (the tokenizer's, or ``template``).
+def render(tokenizer, messages: list[dict], template: str | None = None,
+           prompt: bool = False) -> Turns:
+    """The conversation through the chat template (the tokenizer's, or ``template``); with
+    ``prompt``, followed by the generation prompt (the assistant's header, which is the
+    assistant's role, not its text: outside the loss mask).
 
     Raises:
         ValueError: the template fails on it, or renders a prefix of it as no prefix of the
             whole (a mask cannot be found that way; give it generation marks).
     """
-    text = _rendered(tokenizer, messages, template)
+    text = _rendered(tokenizer, messages, template, prompt)
     found = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = np.asarray(found["input_ids"], dtype=np.int64)
     starts = np.asarray([start for start, _ in found["offset_mapping"]], dtype=np.int64)
     # where each message's render ends: the render of the messages up to it
     ends = [len(_prefix(tokenizer, messages[:n], text, template)) for n in
-            range(1, len(messages))] + [len(text)]
-    owner = np.minimum(np.searchsorted(np.asarray(ends), starts, side="right"),
-                       len(messages) - 1)
-    role = np.asarray([ROLES.index(messages[n]["role"]) for n in owner], dtype=np.int8)
+            range(1, len(messages))]
+    ends.append(len(_prefix(tokenizer, messages, text, template)) if prompt else len(text))
+    owner = np.searchsorted(np.asarray(ends), starts, side="right")
+    roles = [ROLES.index(m["role"]) for m in messages] + [ROLES.index("assistant")]
+    role = np.asarray(roles, dtype=np.int8)[np.minimum(owner, len(roles) - 1)]
     if has_marks(template or tokenizer.chat_template or ""):
-        return Turns(ids, _marked(tokenizer, messages, template, ids), role, MARKS)
+        return Turns(ids, _marked(tokenizer, messages, template, ids, prompt), role, MARKS)
     mask = np.zeros(len(ids), dtype=bool)
     for n, message in enumerate(messages):
         if message["role"] == "assistant":
@@ -137,10 +141,10 @@ def _prefix(tokenizer, messages: list[dict], whole: str, template: str | None,
     return text
 
 
-def _marked(tokenizer, messages: list[dict], template: str | None,
-            ids: np.ndarray) -> np.ndarray:
+def _marked(tokenizer, messages: list[dict], template: str | None, ids: np.ndarray,
+            prompt: bool) -> np.ndarray:
     found = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
-                                          chat_template=template,
+                                          chat_template=template, add_generation_prompt=prompt,
                                           return_assistant_tokens_mask=True)
     if not np.array_equal(np.asarray(found["input_ids"]), ids):
         raise ValueError("the chat template's tokens differ from its rendered text's")
