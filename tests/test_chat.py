@@ -269,3 +269,67 @@ def test_generating_from_a_conversation_that_ends_with_a_user_turn_is_one_line(
         probe.run(_cfg(make_cfg, lm, chats, "generate.max_new_tokens=2"))
     said = str(caught.value)
     assert "ends with a user turn" in said and "\n" not in said
+
+
+# -- speculators' training folder --------------------------------------------------------------
+
+def test_the_speculators_folder_loads_back_equal(chat_lm, make_cfg, tmp_path):
+    # read as speculators' ArrowDataset reads it: load_from_disk, then hs_<i>.safetensors,
+    # token_ids torch.equal to the row's input_ids, hidden_states[:, :-1] the auxiliary layers
+    # and [:, -1] the last block's output (before the final norm)
+    datasets = pytest.importorskip("datasets")
+    safetensors = pytest.importorskip("safetensors.torch")
+    from probe.file.exports import export
+
+    _, lm = chat_lm
+    chats = _write(tmp_path / "chats.jsonl", CHATS)
+    path = probe.run(_cfg(make_cfg, lm, chats, "layers=[transformer.h.0,transformer.h.1]"))
+    done = export(path, "speculators", out_dir=tmp_path / "spec", aux=[1])
+    model = transformers.AutoModelForCausalLM.from_pretrained(lm).eval()
+    table = datasets.load_from_disk(str(done.out_dir))
+    assert table.column_names == ["input_ids", "loss_mask", "seq_len"]
+    with h5py.File(path) as f:
+        bounds = f["offsets"][:]
+        for i in range(len(CHATS)):
+            part = slice(bounds[i], bounds[i + 1])
+            row = table[i]
+            assert row["input_ids"].dtype == torch.int64 and row["loss_mask"].dtype == torch.int64
+            np.testing.assert_array_equal(row["loss_mask"].numpy(), f["loss_mask"][part])
+            assert int(row["seq_len"]) == bounds[i + 1] - bounds[i]
+            loaded = safetensors.load_file(str(done.out_dir / "hidden_states" /
+                                               f"hs_{i}.safetensors"))
+            assert torch.equal(loaded["token_ids"], row["input_ids"])
+            states = loaded["hidden_states"]
+            assert states.dtype == torch.bfloat16 and states.shape == (len(row["input_ids"]), 2,
+                                                                       32)
+            with torch.no_grad():  # id 1: the output of block 0, as HF's hidden_states[1]
+                seen = model(row["input_ids"][None], output_hidden_states=True)
+            np.testing.assert_array_equal(
+                states[:, :-1].flatten(1).float().numpy(),
+                seen.hidden_states[1][0].to(torch.bfloat16).float().numpy())
+            np.testing.assert_array_equal(  # id 2 = L: the last block's, before ln_f
+                states[:, -1].float().numpy(),
+                torch.from_numpy(f["transformer.h.1/output"][part]).to(torch.bfloat16)
+                .float().numpy())
+
+
+def test_the_speculators_export_says_what_it_misses_in_one_line(chat_lm, make_cfg, tmp_path):
+    from probe.file.exports import export
+
+    _, lm = chat_lm
+    chats = _write(tmp_path / "chats.jsonl", CHATS)
+    path = probe.run(_cfg(make_cfg, lm, chats, "layers=[transformer.h.1]"))
+    with pytest.raises(ConfigError, match=r"layer id -1 is not a block's output of the 2 "
+                                          r"blocks \(EAGLE-3's default"):
+        export(path, "speculators", out_dir=tmp_path / "a")
+    with pytest.raises(ConfigError, match=r"needs transformer.h.0/output, .*'layers=\["
+                                          r"transformer.h.0,transformer.h.1\]'"):
+        export(path, "speculators", out_dir=tmp_path / "b", aux=[1])
+    from tests.tiny_text import documents, write_jsonl
+
+    docs = write_jsonl(tmp_path / "docs.jsonl", documents(3, seed=2, low=2, high=6))
+    text = probe.run(make_cfg("model=transformers", f"model.name={lm}", "dataset=text",
+                              f"dataset.path={docs}", f"layers=[{LAYER}]",
+                              output=tmp_path / "text.h5"))
+    with pytest.raises(ConfigError, match="run probe with dataset=chat"):
+        export(text, "speculators", out_dir=tmp_path / "c", aux=[1])

@@ -135,7 +135,7 @@ def test_a_route_is_looked_up_by_its_name(tmp_path, monkeypatch):
         want = {f"{key} {f[key].shape} seed=3" for key in (CONV, FC)}
     assert set((done.out_dir / "keys.txt").read_text().splitlines()) == want
     with pytest.raises(ConfigError, match="to='csv' is not an export; choose one of npy, "
-                                          "parquet, mat, saelens, keys"):
+                                          "parquet, mat, saelens, speculators, keys"):
         export(path, "csv")
 
 

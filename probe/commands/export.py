@@ -23,8 +23,9 @@ def _export(cfg: DictConfig) -> None:
     to = required(cfg.to, "to", "|".join(ROUTES))
     keys, names = (OmegaConf.to_container(v) if OmegaConf.is_config(v) else v
                    for v in (cfg["keys"], cfg.names))
+    aux = OmegaConf.to_container(cfg.aux) if OmegaConf.is_config(cfg.aux) else cfg.aux
     done = export(file, to, keys=keys, out_dir=cfg.out_dir, seed=cfg.seed, names=names,
-                  overwrite=cfg.overwrite, memory_mb=cfg.memory_mb)
+                  overwrite=cfg.overwrite, memory_mb=cfg.memory_mb, aux=aux)
     for said in done.stored:  # compact rows, written decoded: how the file held them
         log.info("%s", said)
     for line in done.lines():

@@ -53,18 +53,20 @@ ROUTES = {
     "mat": Route("probe.file.exports.mat", "MatExport", ("scipy",)),
     "saelens": Route("probe.file.exports.saelens", "SaelensExport", ("pyarrow", "datasets"),
                      options=("seed", "names", "chosen")),
+    "speculators": Route("probe.file.exports.speculators", "SpeculatorsExport",
+                         ("datasets", "safetensors", "transformers"), options=("aux",)),
 }
 
 
 def export(file: str | Path, to: str, *, keys: Sequence[str] | None = None,
            out_dir: str | Path | None = None, seed: int | None = 0,
            names: Mapping[str, str] | None = None, overwrite: bool = False,
-           memory_mb: float = 256) -> Exported:
+           memory_mb: float = 256, aux: Sequence[int] | None = None) -> Exported:
     """Write the keys of a finished probe file in the format of ``to``, into ``out_dir``.
 
     Args:
         file: the probe file.
-        to: npy | parquet | mat | saelens.
+        to: npy | parquet | mat | saelens | speculators.
         keys: "<layer>/<kind>" or "<layer>" (its every kind); None: every stored key (saelens:
             every key with a vector per token).
         out_dir: the folder to write (default ``<file stem>_export`` beside the file); it is
@@ -73,6 +75,8 @@ def export(file: str | Path, to: str, *, keys: Sequence[str] | None = None,
         names: saelens: column names by layer or key (the hook names a trainer expects).
         overwrite: replace an ``out_dir`` that is not empty.
         memory_mb: MiB of rows held at once.
+        aux: speculators: the auxiliary layer ids (id i: the output of block i - 1); None:
+            EAGLE-3's [2, L // 2, L - 3].
 
     Raises:
         ConfigError: an unknown route or key, a key the route cannot write, a bad value.
@@ -94,7 +98,8 @@ def export(file: str | Path, to: str, *, keys: Sequence[str] | None = None,
     with Source(file, keys) as source:
         out_dir = Path(out_dir) if out_dir is not None else default_out_dir(source.path)
         check_out_dir(out_dir, source=source.path, overwrite=overwrite)
-        options = {"seed": seed, "names": dict(names or {}), "chosen": keys is not None}
+        options = {"seed": seed, "names": dict(names or {}), "chosen": keys is not None,
+                   "aux": None if aux is None else [int(i) for i in aux]}
         writer = _prepare(to, route, source, options)
         with staged(out_dir, source=source.path, overwrite=overwrite) as folder:
             written = writer.write(folder, int(memory_mb * 2**20))

@@ -13,7 +13,7 @@ __all__ = ["ExportConfig"]
 class ExportConfig:
     # the probe file to export (a finished run); required
     file: str | None = None
-    # npy | parquet | mat | saelens: what the next tool reads
+    # npy | parquet | mat | saelens | speculators: what the next tool reads
     to: str | None = None
     # "<layer>/<kind>" or "<layer>" (all its kinds); null: every stored key (saelens: every
     # key with a row per token)
@@ -30,3 +30,6 @@ class ExportConfig:
     overwrite: bool = False
     # MiB of rows held at once; the file may be any larger
     memory_mb: float = 256
+    # speculators: the auxiliary layer ids, as speculators and vLLM count them (id i: the output
+    # of block i - 1); null: EAGLE-3's [2, L // 2, L - 3] of the model's L blocks
+    aux: list[int] | None = None
