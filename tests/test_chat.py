@@ -333,3 +333,13 @@ def test_the_speculators_export_says_what_it_misses_in_one_line(chat_lm, make_cf
                               output=tmp_path / "text.h5"))
     with pytest.raises(ConfigError, match="run probe with dataset=chat"):
         export(text, "speculators", out_dir=tmp_path / "c", aux=[1])
+
+
+def test_a_bad_conversation_late_in_the_run_is_found_before_any_file(chat_lm, make_cfg,
+                                                                     tmp_path):
+    _, lm = chat_lm
+    late = [*CHATS, *CHATS, {"messages": [{"role": "user", "content": "only a question"}]}]
+    chats = _write(tmp_path / "chats.jsonl", late)
+    with pytest.raises(DataError, match="conversation 6 of .* has no assistant turn"):
+        probe.run(_cfg(make_cfg, lm, chats, "batch_size=1"))
+    assert no_h5_files(tmp_path)

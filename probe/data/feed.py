@@ -144,6 +144,15 @@ class Feed(Protocol):
             ConfigError: naming the first such sample and the option to set.
         """
 
+    def check_loads(self, dataset: Dataset, selection: Selection, skip_bad: bool) -> None:
+        """Refuse, before any is computed, a sample that the feed can tell cannot be loaded
+        (a conversation the chat template cannot render), unless such samples are left out
+        (``skip_bad``); a feed that cannot tell without loading every sample checks nothing.
+
+        Raises:
+            DataError: naming the first such sample.
+        """
+
     def has_targets(self, dataset: Dataset, sample: int) -> bool:
         """Whether the dataset's samples have targets (stored as /target), as ``sample``, one
         that loads, shows."""

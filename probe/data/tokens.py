@@ -99,6 +99,9 @@ class TokenIds(Dataset):
 
     stored_lengths = lengths  # every id is stored
 
+    def first_bad(self, indices: list[int]) -> str | None:
+        return None  # every document of ids is read whole when the dataset opens
+
     def first_id_outside(self, vocabulary: int, indices: list[int]) -> tuple[int, int] | None:
         """Read a block of ids at a time (the corpus may be larger than memory); only the ids
         that a selected sample feeds count (max_length cuts the rest)."""

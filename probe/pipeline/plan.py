@@ -184,6 +184,7 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     batching = _batching(config, feed, device)
     selection = _selection(config, dataset)
     feed.check_fits(dataset, selection, compute.limits(family.input_limits(model)))
+    feed.check_loads(dataset, selection, config.skip_bad)
     resume = (0, 0, 0) if found is None else _resume_point(output, selection, batching)
     if found is not None:
         log.info("resuming %s after %d committed rows", found.path, resume[1])

@@ -133,6 +133,9 @@ class ChatDataset(Dataset):
             turns = Turns(turns.ids[cut], turns.loss_mask[cut], turns.role[cut], turns.way)
         return turns
 
+    def first_bad(self, indices: list[int]) -> str | None:
+        return next((t for t in self.turns(indices) if isinstance(t, str)), None)
+
     def first_id_outside(self, vocabulary: int, indices: list[int]) -> tuple[int, int] | None:
         if len(self.tokenizer) <= vocabulary:
             return None

@@ -194,6 +194,12 @@ class TextDataset(Dataset):
                 return index, int(outside[0])
         return None
 
+    def first_bad(self, indices: list[int]) -> str | None:
+        if self.packing:  # windows are made of the documents that could be read
+            return None
+        self.tokens(indices)
+        return next((self.bad[i] for i in indices if i in self.bad), None)
+
     def lengths(self, indices: list[int]) -> np.ndarray:
         """How many tokens each of these samples feeds the model (special tokens included)."""
         if self.packing:

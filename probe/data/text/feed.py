@@ -60,6 +60,10 @@ class Sequences(Protocol):
         """The first of these samples that feeds an id outside 0 .. vocabulary - 1, and that
         id; None where every id is inside."""
 
+    def first_bad(self, indices: list[int]) -> str | None:
+        """The line that says why the first of these samples that cannot be loaded cannot
+        (its text is no text, its conversation cannot be rendered); None where all can."""
+
 
 class TextFeed(Feed):
     """The feed of token sequences: see the module's docstring."""
@@ -98,6 +102,15 @@ class TextFeed(Feed):
                     f"dataset sample {found[0]} holds token id {found[1]}, outside the "
                     f"vocabulary of {limits.model} (ids 0 to {limits.vocabulary - 1}); are the "
                     "ids from this model's tokenizer?")
+
+    def check_loads(self, dataset: Sequences, selection: Selection, skip_bad: bool) -> None:
+        """The samples are tokenized (rendered) before the run: the first that cannot be is
+        one line now, not when its batch comes (unless such samples are left out)."""
+        if skip_bad or isinstance(selection, OpenSelection) or not selection:
+            return
+        said = dataset.first_bad(selection)
+        if said is not None:
+            raise DataError(said)
 
     def has_targets(self, dataset: Sequences, sample: int) -> bool:
         return dataset.label_column is not None
