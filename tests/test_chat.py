@@ -343,3 +343,40 @@ def test_a_bad_conversation_late_in_the_run_is_found_before_any_file(chat_lm, ma
     with pytest.raises(DataError, match="conversation 6 of .* has no assistant turn"):
         probe.run(_cfg(make_cfg, lm, chats, "batch_size=1"))
     assert no_h5_files(tmp_path)
+
+
+def test_shards_of_a_chat_run_merge_into_the_whole_run(chat_lm, make_cfg, tmp_path):
+    from probe.file.merge import merge
+
+    _, lm = chat_lm
+    chats = _write(tmp_path / "chats.jsonl", CHATS * 2)
+    whole = probe.run(_cfg(make_cfg, lm, chats, output=tmp_path / "whole.h5"))
+    shards = [probe.run(_cfg(make_cfg, lm, chats, f"shard.index={i}", "shard.count=2",
+                             output=tmp_path / f"s{i}.h5")) for i in range(2)]
+    merged = merge(tmp_path / "merged.h5", shards)
+    with probe.open(whole) as a, probe.open(merged) as b:
+        for index in range(len(CHATS) * 2):  # text runs merge shard after shard: by /index
+            for key in (f"{LAYER}/output",):
+                np.testing.assert_allclose(b.rows_of(key, index), a.rows_of(key, index),
+                                           rtol=1e-5, atol=1e-6)
+        order = np.argsort(b.index, kind="stable")
+        bounds = b.offsets
+        for name in ("loss_mask", "role", "input_ids"):
+            joined = np.concatenate([b._file[name][bounds[r]:bounds[r + 1]] for r in order])
+            np.testing.assert_array_equal(joined, a._file[name][:], err_msg=name)
+
+
+def test_a_role_the_template_refuses_is_one_line(tiny_lm, make_cfg, tmp_path):
+    template = tmp_path / "no_tools.jinja"
+    template.write_text("{% for m in messages %}{% if m['role'] == 'tool' %}"
+                        "{{ raise_exception('tool turns are not supported') }}{% endif %}"
+                        "{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}")
+    tool = {"messages": [{"role": "user", "content": "the cat"},
+                         {"role": "tool", "content": "a dog"},
+                         {"role": "assistant", "content": "the mat"}]}
+    chats = _write(tmp_path / "chats.jsonl", [CHATS[0], tool])
+    with pytest.raises(DataError) as caught:
+        probe.run(_cfg(make_cfg, tiny_lm, chats, f"dataset.chat_template={template}"))
+    said = str(caught.value)
+    assert "conversation 1 of" in said and "tool turns are not supported" in said
+    assert "\n" not in said
