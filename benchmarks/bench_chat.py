@@ -81,7 +81,7 @@ def chat_llama(directory: Path, seed: int = 0) -> Path:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=SPECIAL,
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=SPECIAL, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator(documents(200, seed=99), trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>",
@@ -107,7 +107,7 @@ def _ids(found) -> list[int]:
 def conversations(count: int, tokenizer, seed: int = 0) -> list[list[dict]]:
     """``count`` conversations, each of a length drawn uniformly from 64 to 1024 rendered
     tokens: a system turn half of the time, then user and assistant turns of 4 to 80 words
-    until the length is reached, the last (the assistant's) cut to it."""
+    until the length is reached, the last answer (then its question) cut to it."""
     rng = random.Random(seed)
 
     def said(low: int, high: int) -> str:
@@ -125,11 +125,14 @@ def conversations(count: int, tokenizer, seed: int = 0) -> list[list[dict]]:
                          {"role": "assistant", "content": said(4, 80)}]
             if length(messages) >= want:
                 break
-        while (over := length(messages) - want) > 0:  # about a token a word
-            words = messages[-1]["content"].split()
-            messages[-1]["content"] = " ".join(words[:max(1, len(words) - over)])
-            if len(words) == 1:
-                break
+        for message in (messages[-1], messages[-2]):  # the last answer, then its question
+            while (over := length(messages) - want) > 0:  # about a token a word
+                words = message["content"].split()
+                if len(words) == 1:
+                    break
+                message["content"] = " ".join(words[:max(1, len(words) - over)])
+        if length(messages) > LONGEST and len(messages) > 3:  # headers alone went over
+            messages = messages[:-2]
         chats.append(messages)
     return chats
 
@@ -183,8 +186,9 @@ def export_run(path: Path, out: Path) -> tuple[float, int]:
     started = time.perf_counter()
     done = export(path, "speculators", out_dir=out, aux=AUX)
     elapsed = time.perf_counter() - started
+    wrote = done.bytes
     shutil.rmtree(out)
-    return elapsed, done.bytes
+    return elapsed, wrote
 
 
 def raw_run(path: Path, out: Path, budget: int = 64 * 2**20) -> tuple[float, int]:

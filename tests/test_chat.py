@@ -285,6 +285,10 @@ def test_the_speculators_folder_loads_back_equal(chat_lm, make_cfg, tmp_path):
     chats = _write(tmp_path / "chats.jsonl", CHATS)
     path = probe.run(_cfg(make_cfg, lm, chats, "layers=[transformer.h.0,transformer.h.1]"))
     done = export(path, "speculators", out_dir=tmp_path / "spec", aux=[1])
+    small = export(path, "speculators", out_dir=tmp_path / "small", aux=[1], memory_mb=0.001)
+    for i in range(len(CHATS)):  # read a conversation at a time, or many: the same files
+        name = f"hidden_states/hs_{i}.safetensors"
+        assert (done.out_dir / name).read_bytes() == (small.out_dir / name).read_bytes()
     model = transformers.AutoModelForCausalLM.from_pretrained(lm).eval()
     table = datasets.load_from_disk(str(done.out_dir))
     assert table.column_names == ["input_ids", "loss_mask", "seq_len"]

@@ -66,6 +66,13 @@ class SpeculatorsExport:
                 f"to=speculators with layer ids {self.ids} needs {', '.join(missing)}, which "
                 f"{str(source.path)!r} does not hold; run probe with 'layers=[{layers}]'")
 
+    def _width(self) -> int:
+        return int(np.prod(self.source[self.keys[0]].shape[1:]))
+
+    def _token_bytes(self) -> int:
+        # a token's rows as read (float32) and as written (bfloat16), every key
+        return 6 * self._width() * len(self.keys)
+
     def write(self, folder: Path, budget: int) -> list[tuple[Path, int | None]]:
         import datasets
         import torch
@@ -73,27 +80,46 @@ class SpeculatorsExport:
 
         offsets = self.source.offsets()
         ids_of, masks, lengths = [], [], []
-        states = folder / "hidden_states"
-        states.mkdir(parents=True, exist_ok=True)
+        (folder / "hidden_states").mkdir(parents=True, exist_ok=True)
         written = []
-        for i in range(len(offsets) - 1):
-            part = slice(int(offsets[i]), int(offsets[i + 1]))
-            ids = torch.from_numpy(np.asarray(self.source[INPUT_IDS][part], dtype=np.int64))
-            rows = np.stack([self.source[key][part] for key in self.keys], axis=1)
-            path = Path("hidden_states") / f"hs_{i}.safetensors"
-            save_file({"token_ids": ids,
-                       "hidden_states": torch.from_numpy(rows).to(torch.bfloat16)},
-                      str(folder / path))
-            written.append((path, len(ids)))
-            ids_of.append(ids.tolist())
-            masks.append(np.asarray(self.source[LOSS_MASK][part], dtype=np.int64).tolist())
-            lengths.append(len(ids))
+        for first, last in _runs(offsets, budget // max(1, self._token_bytes())):
+            # the rows of a run of conversations, read once per key: one read each, not one
+            # per conversation and key
+            start, stop = int(offsets[first]), int(offsets[last])
+            ids = torch.from_numpy(np.asarray(self.source[INPUT_IDS][start:stop],
+                                              dtype=np.int64))
+            mask = np.asarray(self.source[LOSS_MASK][start:stop], dtype=np.int64)
+            rows = torch.empty((stop - start, len(self.keys), self._width()),
+                               dtype=torch.bfloat16)
+            for n, key in enumerate(self.keys):
+                rows[:, n] = torch.from_numpy(np.asarray(self.source[key][start:stop]))
+            for i in range(first, last):
+                part = slice(int(offsets[i]) - start, int(offsets[i + 1]) - start)
+                path = Path("hidden_states") / f"hs_{i}.safetensors"
+                save_file({"token_ids": ids[part].clone(), "hidden_states": rows[part].clone()},
+                          str(folder / path))
+                written.append((path, part.stop - part.start))
+                ids_of.append(ids[part].tolist())
+                masks.append(mask[part].tolist())
+                lengths.append(part.stop - part.start)
         table = datasets.Dataset.from_dict({"input_ids": ids_of, "loss_mask": masks,
                                             "seq_len": lengths})
         table.set_format(type="torch")
         table.save_to_disk(str(folder))
         saved = sorted(f.name for f in folder.iterdir() if f.is_file())  # the datasets files
         return [*((Path(name), None) for name in saved), *written]
+
+
+def _runs(offsets: np.ndarray, tokens: int) -> list[tuple[int, int]]:
+    """Runs ``(first, last)`` of consecutive conversations of about ``tokens`` rows each (at
+    least one conversation)."""
+    runs, first = [], 0
+    while first < len(offsets) - 1:
+        last = int(np.searchsorted(offsets, offsets[first] + max(1, tokens), side="right")) - 1
+        last = min(max(last, first + 1), len(offsets) - 1)
+        runs.append((first, last))
+        first = last
+    return runs
 
 
 def _ids(aux: list[int] | None, depth: int) -> list[int]:
