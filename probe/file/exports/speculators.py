@@ -96,11 +96,12 @@ class SpeculatorsExport:
             for i in range(first, last):
                 part = slice(int(offsets[i]) - start, int(offsets[i + 1]) - start)
                 path = Path("hidden_states") / f"hs_{i}.safetensors"
-                save_file({"token_ids": ids[part].clone(), "hidden_states": rows[part].clone()},
+                # slices along the first axis: contiguous, each written as its own bytes
+                save_file({"token_ids": ids[part], "hidden_states": rows[part]},
                           str(folder / path))
                 written.append((path, part.stop - part.start))
-                ids_of.append(ids[part].tolist())
-                masks.append(mask[part].tolist())
+                ids_of.append(ids[part].numpy())
+                masks.append(mask[part])
                 lengths.append(part.stop - part.start)
         table = datasets.Dataset.from_dict({"input_ids": ids_of, "loss_mask": masks,
                                             "seq_len": lengths})
