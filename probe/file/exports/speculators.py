@@ -17,7 +17,8 @@ states and ``hidden_states[:, -1]`` as the verifier's last, which it normalises 
 Layer ids count as speculators and vLLM count them: id i is the residual stream entering
 block i, the output of block i - 1 (0 would be the embeddings, which this export does not
 take); id L, the number of blocks, is the last block's output. ``aux`` defaults to EAGLE-3's
-``[2, L // 2, L - 3]``. One conversation at a time: memory holds one sample's rows.
+``[2, L // 2, L - 3]``. A run of conversations at a time, as many as ``memory_mb`` holds (at
+least one): each key is read once per run. Row i of the folder is the file's row i.
 """
 
 from __future__ import annotations
