@@ -384,3 +384,81 @@ def test_a_role_the_template_refuses_is_one_line(tiny_lm, make_cfg, tmp_path):
     said = str(caught.value)
     assert "conversation 1 of" in said and "tool turns are not supported" in said
     assert "\n" not in said
+
+
+# -- render, on templates that stretch the rules ---------------------------------------------
+
+@pytest.fixture(scope="module")
+def bpe():
+    """A byte-level BPE that merges a space into the word after it (as GPT-2's, Llama's and
+    Qwen's do), with ChatML's special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIAL[:2],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(["user: the cat sat\nassistant: a dog ran in the park\n"] * 50,
+                                  trainer)
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer)
+
+
+def _marked_version(template: str) -> str:
+    """ChatML-like ``template`` with the assistant's text marked: transformers' oracle."""
+    return template.replace("{{ m['role'] + ': ' + m['content'] + '\\n' }}",
+                            "{{ m['role'] + ': ' }}{% if m['role'] == 'assistant' %}"
+                            "{% generation %}{{ m['content'] + '\\n' }}{% endgeneration %}"
+                            "{% else %}{{ m['content'] + '\\n' }}{% endif %}")
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": "the cat"}, {"role": "assistant", "content": "dog ran"}],
+    [{"role": "assistant", "content": "a dog"}, {"role": "user", "content": "the cat"},
+     {"role": "assistant", "content": "in the park"}],
+], ids=["space-before-the-text", "assistant-first"])
+def test_the_prefix_rule_equals_transformers_mask_where_tokens_cross_the_header(bpe, messages):
+    from probe.data.text.turns import render
+
+    plain = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
+             "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")
+    ours = render(bpe, messages, plain)
+    theirs = bpe.apply_chat_template(messages, chat_template=_marked_version(plain),
+                                     tokenize=True, return_dict=True,
+                                     return_assistant_tokens_mask=True)
+    assert ours.way.startswith("the renders")
+    np.testing.assert_array_equal(ours.ids, theirs["input_ids"])
+    np.testing.assert_array_equal(ours.loss_mask, np.asarray(theirs["assistant_masks"], bool))
+
+
+def test_a_marked_template_that_renders_the_last_turn_its_own_way(bpe):
+    # as a reasoning model's: thoughts on the last answer alone, so the first turns' render is
+    # no prefix of the whole; the marks give the mask, the turns' text their roles
+    from probe.data.text.turns import render
+
+    template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' }}"
+                "{% if m['role'] == 'assistant' %}{% generation %}"
+                "{% if loop.last %}{{ '<think></think>' }}{% endif %}"
+                "{{ m['content'] + '<|im_end|>\\n' }}{% endgeneration %}"
+                "{% else %}{{ m['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}")
+    messages = [{"role": "user", "content": "the cat"}, {"role": "assistant", "content": "a dog"},
+                {"role": "user", "content": "sat"}, {"role": "assistant", "content": "ran"}]
+    ours = render(bpe, messages, template)
+    theirs = bpe.apply_chat_template(messages, chat_template=template, tokenize=True,
+                                     return_dict=True, return_assistant_tokens_mask=True)
+    np.testing.assert_array_equal(ours.loss_mask, np.asarray(theirs["assistant_masks"], bool))
+    assert (ours.role[ours.loss_mask] == 2).all()
+    starts = np.flatnonzero(ours.ids == bpe.convert_tokens_to_ids("<|im_start|>"))
+    assert [int(ours.role[s]) for s in starts] == [1, 2, 1, 2]  # each turn's header its own
+
+
+def test_a_prompt_longer_than_max_length_is_refused_when_generating(chat_lm, make_cfg,
+                                                                    tmp_path):
+    # cut, it would lose the generation prompt at its end: one line, before any file
+    _, lm = chat_lm
+    chats = _write(tmp_path / "chats.jsonl", CHATS)
+    with pytest.raises(DataError, match=r"conversation 0 of .*its prompt has \d+ tokens, beyond "
+                                        r"dataset.max_length=12"):
+        probe.run(_cfg(make_cfg, lm, chats, "generate.max_new_tokens=2",
+                       "dataset.max_length=12"))
+    assert no_h5_files(tmp_path)

@@ -127,6 +127,12 @@ class ChatDataset(Dataset):
         if turns.way not in self.ways:
             self.ways.add(turns.way)
             log.info("dataset=chat: the assistant's tokens found by %s", turns.way)
+        if len(turns.ids) > self.max_length and self.generating:  # its end is the prompt's
+            return bad_sample(index, DataError(
+                f"conversation {index} of {self.source}: its prompt has {len(turns.ids)} "
+                f"tokens, beyond dataset.max_length={self.max_length}, and cut it would lose "
+                "the generation prompt; raise max_length, or set dataset.on_error=skip to leave "
+                "such conversations out"))
         if len(turns.ids) > self.max_length:
             self.truncated.add(index)
             cut = slice(0, self.max_length)

@@ -106,9 +106,10 @@ class TextFeed(Feed):
     def check_loads(self, dataset: Sequences, selection: Selection, skip_bad: bool) -> None:
         """The samples are tokenized (rendered) before the run: the first that cannot be is
         one line now, not when its batch comes (unless such samples are left out)."""
-        if skip_bad or isinstance(selection, OpenSelection) or not selection:
+        first_bad = getattr(dataset, "first_bad", None)  # a dataset of one's own may not say
+        if skip_bad or first_bad is None or isinstance(selection, OpenSelection) or not selection:
             return
-        said = dataset.first_bad(selection)
+        said = first_bad(selection)
         if said is not None:
             raise DataError(said)
 

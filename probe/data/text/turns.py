@@ -100,22 +100,62 @@ def render(tokenizer, messages: list[dict], template: str | None = None,
     text = _rendered(tokenizer, messages, template, prompt)
     found = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = np.asarray(found["input_ids"], dtype=np.int64)
-    starts = np.asarray([start for start, _ in found["offset_mapping"]], dtype=np.int64)
-    # where each message's render ends: the render of the messages up to it
-    ends = [len(_prefix(tokenizer, messages[:n], text, template)) for n in
-            range(1, len(messages))]
-    ends.append(len(_prefix(tokenizer, messages, text, template)) if prompt else len(text))
+    spans = np.asarray(found["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+    starts, stops = spans[:, 0], spans[:, 1]
+    marked = has_marks(template or tokenizer.chat_template or "")
+    # where each message's render ends: the render of the messages up to it; a template with
+    # marks may render earlier turns otherwise once later ones follow (a reasoning model's
+    # thoughts dropped): there, where its content ends
+    try:
+        ends = _ends(tokenizer, messages, text, template, prompt)
+    except ValueError:
+        if not marked:
+            raise
+        ends = _content_ends(messages, text, prompt)
     owner = np.searchsorted(np.asarray(ends), starts, side="right")
     roles = [ROLES.index(m["role"]) for m in messages] + [ROLES.index("assistant")]
     role = np.asarray(roles, dtype=np.int8)[np.minimum(owner, len(roles) - 1)]
-    if has_marks(template or tokenizer.chat_template or ""):
-        return Turns(ids, _marked(tokenizer, messages, template, ids, prompt), role, MARKS)
+    if marked:
+        mask = _marked(tokenizer, messages, template, ids, prompt)
+        role[mask] = ROLES.index("assistant")  # what the marks hold, the assistant wrote
+        return Turns(ids, mask, role, MARKS)
     mask = np.zeros(len(ids), dtype=bool)
     for n, message in enumerate(messages):
         if message["role"] == "assistant":
-            start = len(_prefix(tokenizer, messages[:n], text, template, prompt=True))
-            mask |= (starts >= start) & (starts < ends[n])
+            # a first turn has no turns before it to render with the generation prompt (a
+            # template may refuse none): its text begins where its content is found
+            start = (len(_prefix(tokenizer, messages[:n], text, template, prompt=True)) if n
+                     else max(0, text.find(message["content"])))
+            # a token that reaches over the header's end into the text (a space merged into
+            # the first word) is the text's
+            mask |= (stops > start) & (starts < ends[n])
     return Turns(ids, mask, role, PREFIXES)
+
+
+def _ends(tokenizer, messages: list[dict], text: str, template: str | None,
+          prompt: bool) -> list[int]:
+    ends = [len(_prefix(tokenizer, messages[:n], text, template)) for n in
+            range(1, len(messages))]
+    ends.append(len(_prefix(tokenizer, messages, text, template)) if prompt else len(text))
+    return ends
+
+
+def _content_ends(messages: list[dict], text: str, prompt: bool) -> list[int]:
+    """Where each message's content ends in ``text``, found in order (the last message's
+    render runs to the end, or to the generation prompt's start): an approximation, where the
+    renders of the first turns are no prefix of the whole, in which a turn's closing tokens
+    (its end token) count as the next turn's."""
+    ends, at = [], 0
+    for message in messages:
+        found = text.find(message["content"], at)
+        if found < 0:
+            raise ValueError("the chat template changes a message's text, and its turns cannot "
+                             "be told apart")
+        at = found + len(message["content"])
+        ends.append(at)
+    if not prompt:
+        ends[-1] = len(text)
+    return ends
 
 
 def _rendered(tokenizer, messages: list[dict], template: str | None,
@@ -133,7 +173,7 @@ def _prefix(tokenizer, messages: list[dict], whole: str, template: str | None,
     # the render of the first messages, which must begin the whole's for the rule to hold
     if not messages and not prompt:
         return ""
-    text = _rendered(tokenizer, messages, template, prompt) if messages else ""
+    text = _rendered(tokenizer, messages, template, prompt)
     if not whole.startswith(text):
         raise ValueError("the chat template renders its first turns as no prefix of the whole "
                          "conversation, so its assistant tokens cannot be found by prefixes; "
