@@ -38,10 +38,6 @@ class Compact:
         self._scaled_axes = dict(scaled_axes or {})
         self.fidelity = fidelity
 
-    @property
-    def dtype(self) -> torch.dtype | None:
-        return self.encoding.dtype
-
     def scaled_axes(self, key: str, rows: torch.Tensor) -> int:
         return self._scaled_axes.get(key, rows.dim() - 1)
 

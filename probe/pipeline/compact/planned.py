@@ -87,8 +87,7 @@ def _fit(fits: dict[str, PcaFit], fit_rows: FitRows) -> dict[str, Projection]:
     for key, projection in fitted.items():
         attrs = projection.attrs
         log.info("reduce=pca: %s fitted on %d rows of %d samples in %.1f s; its %d components "
-                 "keep %.1f%% of their variance", key, attrs["fit_rows"], attrs["fit_samples"],
+                 "keep %.1f%% of the rows' variance", key, attrs["fit_rows"], attrs["fit_samples"],
                  time.perf_counter() - started, len(projection.components),
                  100 * attrs["explained_variance_ratio"])
     return fitted
-
