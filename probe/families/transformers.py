@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from probe.config.schema import Dtype
+from probe.config.schema import Dtype, Reduce
 from probe.data.feed import Batch, DataKind, Feed, ModelLimits
 from probe.errors import ConfigError
 from probe.families import hf_audio, hf_vision, hf_vlm
@@ -30,6 +30,7 @@ from probe.families.base import Family, graph_from
 from probe.families.hf_attention import eager_patterns
 from probe.families.hf_generation import generate, nll, top1
 from probe.families.hf_heads import attention_heads
+from probe.families.hf_seq2seq import refuse_decoder_layers, refuse_generation, with_decoder_start
 from probe.families.hub import (
     HEADS,
     CaptionTokenizer,
@@ -212,9 +213,16 @@ class TransformersFamily(Family):
     def forward(self, model: nn.Module, batch: Batch, *, input_grad: bool = False):
         # token ids have no gradient: the graph starts at the input embeddings instead
         with graph_from(model.get_input_embeddings(), input_grad):
-            return model(**batch.inputs)
+            return model(**with_decoder_start(model, batch.inputs))
 
-    generate = staticmethod(generate)  # probe.families.hf_generation
+    def check(self, model: nn.Module, feed: Feed, reduces: Mapping[str, Reduce]) -> None:
+        super().check(model, feed, reduces)
+        refuse_decoder_layers(model, reduces)  # an encoder-decoder's (probe.families.hf_seq2seq)
+
+    @staticmethod
+    def generate(model: nn.Module, inputs: dict, settings, all_logits: bool = False):
+        refuse_generation(model)  # an encoder-decoder's answer is its decoder's
+        return generate(model, inputs, settings, all_logits)  # probe.families.hf_generation
     heads = staticmethod(attention_heads)  # do: heads (probe.families.hf_heads)
 
     def logits(self, output) -> torch.Tensor | None:
