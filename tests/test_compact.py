@@ -181,6 +181,10 @@ def test_srp_rows_are_the_stored_matrix_applied_to_float32_rows(make_cfg, tmp_pa
                                    atol=1e-5)
         np.testing.assert_array_equal(f["fc/output"][:], a["fc/output"][:])  # not projected
         assert f.transform("fc/output") is None
+    with h5py.File(projected) as f:  # every dataset names its axes, the transform's too
+        group = f["transform/features.3/output"]
+        assert list(group["components"].attrs["dims"]) == ["component", "feature"]
+        assert list(group["mean"].attrs["dims"]) == ["feature"]
 
 
 # -- the fidelity report -----------------------------------------------------------------------

@@ -12,11 +12,14 @@ from collections.abc import Mapping
 import h5py
 import numpy as np
 
-from probe.file.format import TRANSFORM, transform_path
+from probe.file.format import TRANSFORM, Attr, transform_path
 
 __all__ = ["write_transforms", "read_transforms", "inverse", "PARTS"]
 
 PARTS = ("mean", "components", "explained_variance")
+# the name of each axis of each part, as every dataset of a probe file says it (attr dims)
+_DIMS = {"mean": ["feature"], "components": ["component", "feature"],
+         "explained_variance": ["component"]}
 
 
 def write_transforms(f: h5py.File, transforms: Mapping[str, Mapping]) -> None:
@@ -26,7 +29,9 @@ def write_transforms(f: h5py.File, transforms: Mapping[str, Mapping]) -> None:
         group = f.require_group(transform_path(key))
         for part in PARTS:
             if transform.get(part) is not None:
-                group.create_dataset(part, data=np.asarray(transform[part], dtype=np.float32))
+                dataset = group.create_dataset(part, data=np.asarray(transform[part],
+                                                                     dtype=np.float32))
+                dataset.attrs[Attr.DIMS] = np.array(_DIMS[part], dtype=h5py.string_dtype())
         group.attrs.update(dict(transform.get("attrs", {})))
 
 
