@@ -27,6 +27,7 @@ from probe.data.text.corpus import (  # how dataset=text reads files, columns, t
     _columns,
     _digest,
     _files,
+    _fingerprint,
     _load,
     _required,
     _tokenizer,
@@ -176,12 +177,7 @@ class ChatDataset(Dataset):
 
     def fingerprint(self) -> dict:
         """The files (names and sizes) or the Hub dataset, the tokenizer and the template."""
-        lines = ([f"{f.name}:{f.stat().st_size}" for f in self.files] if self.files else
-                 [self.source, str(getattr(self.table, "_fingerprint", ""))])
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        vocab = backend.to_str() if backend is not None else str(sorted(
-            self.tokenizer.get_vocab().items()))
-        return {"text_files": _digest("\n".join(lines)), "tokenizer": _digest(vocab),
+        return {**_fingerprint(self.files, self.source, self.table, self.tokenizer),
                 "chat_template": _digest(self.template or self.tokenizer.chat_template or "")}
 
 

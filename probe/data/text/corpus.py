@@ -230,15 +230,21 @@ class TextDataset(Dataset):
 
     def fingerprint(self) -> dict:
         """The files (relative paths and sizes) or the Hub dataset, and the tokenizer."""
-        if self.files:
-            root = os.path.commonpath([str(f.parent) for f in self.files])
-            lines = sorted(f"{os.path.relpath(f, root)}:{f.stat().st_size}" for f in self.files)
-        else:
-            lines = [self.source, str(getattr(self.rows, "_fingerprint", ""))]
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        vocab = backend.to_str() if backend is not None else str(sorted(
-            self.tokenizer.get_vocab().items()))
-        return {"text_files": _digest("\n".join(lines)), "tokenizer": _digest(vocab)}
+        return _fingerprint(self.files, self.source, self.rows, self.tokenizer)
+
+
+def _fingerprint(files: list[Path], source: str, rows, tokenizer) -> dict:
+    """What a corpus read by ``_load`` and tokenized by ``tokenizer`` is made of: its files
+    (relative paths and sizes) or its Hub dataset, and the tokenizer's vocabulary."""
+    if files:
+        root = os.path.commonpath([str(f.parent) for f in files])
+        lines = sorted(f"{os.path.relpath(f, root)}:{f.stat().st_size}" for f in files)
+    else:
+        lines = [source, str(getattr(rows, "_fingerprint", ""))]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    vocab = backend.to_str() if backend is not None else str(sorted(
+        tokenizer.get_vocab().items()))
+    return {"text_files": _digest("\n".join(lines)), "tokenizer": _digest(vocab)}
 
 
 def _required(value, key: str, what: str) -> str:
