@@ -22,7 +22,7 @@ import numpy as np
 from probe.file.format import Attr
 
 __all__ = ["FLOAT8", "FLOAT8_MAX", "float8_table", "decode_float8", "decoded", "is_scale",
-           "stored_as", "BFloat16Rows", "Float8Rows"]
+           "stored_as", "fidelity_words", "BFloat16Rows", "Float8Rows"]
 
 FLOAT8 = "float8_e4m3fn"
 FLOAT8_MAX = 448.0  # the largest finite e4m3 value: a row's largest magnitude is stored as it
@@ -78,13 +78,21 @@ def stored_as(attrs) -> str | None:
         said.append(f"{attrs.get(Attr.REDUCE)} on {int(attrs[Attr.COMPONENTS])} components")
     if not said:
         return None
-    rows = int(attrs.get(Attr.FIDELITY_ROWS, 0))
-    if rows:
-        said.append(f"against float32 over {rows} rows: relative error "
-                    f"{float(attrs['fidelity_mean_relative_error']):.3g} mean, "
-                    f"{float(attrs['fidelity_max_relative_error']):.3g} worst, CKA "
-                    f"{float(attrs['fidelity_cka']):.6f}")
+    if int(attrs.get(Attr.FIDELITY_ROWS, 0)):
+        said.append(fidelity_words(attrs))
     return "; ".join(said)
+
+
+def fidelity_words(attrs) -> str:
+    """A dataset's fidelity attrs (or a run's report of them) in words, for the log and the
+    exports' notes."""
+    variance = attrs.get("fidelity_explained_variance")
+    kept = "" if variance is None else f"; pca keeps {100 * float(variance):.1f}% of the variance"
+    return (f"against float32 over {int(attrs[Attr.FIDELITY_ROWS])} rows: relative error "
+            f"{float(attrs['fidelity_mean_relative_error']):.3g} mean, "
+            f"{float(attrs['fidelity_max_relative_error']):.3g} worst; cosine >= "
+            f"{float(attrs['fidelity_min_cosine']):.6f}; CKA "
+            f"{float(attrs['fidelity_cka']):.6f}{kept}")
 
 
 class _Decoded:

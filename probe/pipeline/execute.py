@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from probe.errors import OutputError, RunStopped
+from probe.file.encodings import fidelity_words
 from probe.file.sizes import human_bytes
 from probe.file.store import Store
 from probe.file.writer import BackgroundWriter, WriteFailed
@@ -127,20 +128,11 @@ def _write(plan: Plan, stop: StopRequest) -> Path:
              units / seconds, plan.feed.unit, human_bytes(store.bytes_written / seconds),
              plan.path)
     for key, said in fidelity.items():
-        log.info("%s", _fidelity_line(key, said))
+        log.info("%s as stored, %s", key, fidelity_words(said))
     summary = plan.compute.summary()
     if summary:
         log.info("%s", summary)
     return plan.path
-
-
-def _fidelity_line(key: str, said: dict) -> str:
-    variance = said.get("fidelity_explained_variance")
-    return (f"{key} as stored, against float32 over its first {said['fidelity_rows']} rows: "
-            f"relative error {said['fidelity_mean_relative_error']:.3g} mean, "
-            f"{said['fidelity_max_relative_error']:.3g} worst; cosine >= "
-            f"{said['fidelity_min_cosine']:.6f}; CKA {said['fidelity_cka']:.6f}"
-            + ("" if variance is None else f"; pca keeps {100 * variance:.1f}% of the variance"))
 
 
 def _disk_full(err: BaseException | None) -> bool:
