@@ -37,7 +37,7 @@ __all__ = [
     "INDEX", "TARGET", "OFFSETS", "INPUT_IDS", "POSITIONS", "DOCUMENT", "FILE", "SKIPPED",
     "CAPTION", "TRANSCRIPT", "GENERATED", "COMPLETION", "MODALITY", "PATCH", "VALUE_NAMES",
     "LOSS_MASK", "ROLE",
-    "TRANSFORM", "SCALE_SUFFIX", "scale_key", "transform_path",
+    "TRANSFORM", "SCALE_SUFFIX", "scale_key", "transform_path", "in_transform",
     "ROWS_PER_POSITION", "KINDS", "Attr",
     "DatasetSpec", "FileState", "dataset_key", "split_key", "call_key", "parse_kind",
     "dataset_names", "partial_path", "creating_path", "read_state",
@@ -135,6 +135,12 @@ def scale_key(key: str) -> str:
 def transform_path(key: str) -> str:
     """The group of the transform of the projected rows ``key``: ``/transform/<layer>/<kind>``."""
     return f"{TRANSFORM}/{key}"
+
+
+def in_transform(name: str) -> bool:
+    """Whether ``name`` (a group or dataset path) is the transforms' group or inside it: written
+    once, not rows of a layer."""
+    return name == TRANSFORM or name.startswith(TRANSFORM + "/")
 
 
 def split_key(key: str) -> tuple[str, str]:

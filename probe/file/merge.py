@@ -37,9 +37,9 @@ from probe.file.format import (
     OFFSETS,
     SKIPPED,
     TARGET,
-    TRANSFORM,
     Attr,
     dataset_names,
+    in_transform,
     partial_path,
     read_state,
 )
@@ -233,7 +233,7 @@ def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool,
         write_transforms(f, read_transforms(shard))
     output = config.get("output") or {}
     for name, (_, dtype, dataset_attrs) in infos[0]["datasets"].items():
-        if name.startswith(TRANSFORM + "/"):  # the same in every shard: one copy
+        if in_transform(name):  # the same in every shard: one copy
             continue
         if name == SKIPPED:  # the samples every shard left out, in dataset order
             left_out = np.sort(np.concatenate([_read(info["path"], SKIPPED) for info in infos]))

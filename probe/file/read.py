@@ -24,10 +24,10 @@ from probe.file.format import (
     OFFSETS,
     ROWS_PER_POSITION,
     TARGET,
-    TRANSFORM,
     Attr,
     dataset_key,
     dataset_names,
+    in_transform,
     partial_path,
     read_state,
     split_key,
@@ -156,12 +156,12 @@ class FeatureFile(Mapping):
     @property
     def layers(self) -> list[str]:
         return [name for name, obj in self._file.items()
-                if isinstance(obj, h5py.Group) and name != TRANSFORM]
+                if isinstance(obj, h5py.Group) and not in_transform(name)]
 
     def kinds(self, layer: str) -> list[str]:
         """The kinds stored for ``layer`` ("output", "grad_output", ...); [] for an unknown one."""
         group = self._file.get(layer)
-        if not isinstance(group, h5py.Group) or layer == TRANSFORM:
+        if not isinstance(group, h5py.Group) or in_transform(layer):
             return []
         return [kind for kind, dataset in group.items() if not is_scale(dataset)]
 

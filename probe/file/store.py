@@ -30,11 +30,11 @@ from probe.file.format import (
     ROWS_PER_POSITION,
     SKIPPED,
     TARGET,
-    TRANSFORM,
     Attr,
     DatasetSpec,
     creating_path,
     dataset_names,
+    in_transform,
     partial_path,
 )
 from probe.file.partial import LIBVER, open_for_writing
@@ -426,7 +426,7 @@ def as_array(value: torch.Tensor | np.ndarray) -> np.ndarray:
 
 def _row_datasets(f: h5py.File) -> list[str]:
     """The datasets that hold rows: all but the transforms of projected rows (written once)."""
-    return [name for name in dataset_names(f) if not name.startswith(TRANSFORM + "/")]
+    return [name for name in dataset_names(f) if not in_transform(name)]
 
 
 def _clear_past(dataset: h5py.Dataset, rows: int) -> None:
