@@ -36,7 +36,7 @@ import numpy as np
 __all__ = [
     "INDEX", "TARGET", "OFFSETS", "INPUT_IDS", "POSITIONS", "DOCUMENT", "FILE", "SKIPPED",
     "CAPTION", "TRANSCRIPT", "GENERATED", "COMPLETION", "MODALITY", "PATCH", "VALUE_NAMES",
-    "LOSS_MASK", "ROLE",
+    "LOSS_MASK", "ROLE", "ONSET", "DURATION",
     "TRANSFORM", "SCALE_SUFFIX", "scale_key", "transform_path", "in_transform",
     "ROWS_PER_POSITION", "KINDS", "Attr",
     "DatasetSpec", "FileState", "dataset_key", "split_key", "call_key", "parse_kind",
@@ -59,6 +59,12 @@ MODALITY = "modality"  # vision-language models: what each token row is (VALUE_N
 PATCH = "patch"  # vision-language models: an image row's (row, column) on its patch grid
 LOSS_MASK = "loss_mask"  # conversations: true on the tokens an assistant wrote
 ROLE = "role"  # conversations: the role of the message each token belongs to (VALUE_NAMES)
+# timed data (video windows, audio clips, word-timed stories): when a row happened, in
+# seconds from the start of its /file. /onset has one value per stored row: per sample where
+# rows are samples (a video window's time point), per position where rows are positions (a
+# frame's, a token's word's); /duration (N,) is each timed sample's length in seconds
+ONSET = "onset"
+DURATION = "duration"
 TRANSFORM = "transform"  # the group of reduce=pca|srp's transforms, by layer and kind
 SCALE_SUFFIX = "_scale"  # output.dtype=float8: <layer>/<kind>_scale holds each row's scale
 # the name of each value of a bookkeeping dataset of codes, by value (its attr Attr.VALUES)
