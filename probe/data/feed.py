@@ -10,6 +10,7 @@ through them:
     probe.data.text.feed    token sequences for language models (dataset=text, dataset=tokens)
     probe.data.pairs        images with captions, for both towers of a two-tower model
     probe.data.audio.feed   sound through a checkpoint's feature extractor (dataset=audio)
+    probe.data.video.feed   windows of video files through the model's processor (dataset=video)
 
 A dataset names its feed in a ``feed`` attribute; ``probe.data.tensors.feed_for`` falls back to
 the tensors feed.
@@ -46,6 +47,7 @@ class DataKind(Enum):
     text = "text"  # token sequences
     pairs = "pairs"  # images with captions
     audio = "audio"  # sound
+    video = "video"  # frames in time: windows of a video file
 
 
 @dataclass

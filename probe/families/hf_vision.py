@@ -37,7 +37,7 @@ from probe.families.hf_heads import attention_heads
 from probe.families.hub import place, source_of
 
 __all__ = ["VisionFamily", "TwoTowerFamily", "ImageProcessorTransform", "VISION", "TWO_TOWERS",
-           "is_two_tower", "vision_layout"]
+           "is_two_tower", "vision_layout", "prefix_tokens"]
 
 
 class ImageProcessorTransform:
@@ -179,7 +179,7 @@ def vision_layout(config, vision: nn.Module, size) -> PatchGrid:
     """The row layout of a Hugging Face vision encoder at image ``size`` (H, W): its class
     token, register tokens and distillation token first, then its patches, row by row."""
     patch = _pair(getattr(config, "patch_size", 16))
-    return PatchGrid(_prefix(vision), (int(size[0]) // patch[0], int(size[1]) // patch[1]))
+    return PatchGrid(prefix_tokens(vision), (int(size[0]) // patch[0], int(size[1]) // patch[1]))
 
 
 @functools.lru_cache(maxsize=16)
@@ -190,7 +190,8 @@ def _prefix_of(embeddings: nn.Module) -> int:
     return count + (0 if registers is None else int(registers.shape[-2]))
 
 
-def _prefix(vision: nn.Module) -> int:
+def prefix_tokens(vision: nn.Module) -> int:
+    """How many class, register and distillation tokens come before the patches."""
     embeddings = getattr(vision, "embeddings", None)
     return 0 if embeddings is None else _prefix_of(embeddings)
 

@@ -9,6 +9,7 @@ their own evaluation transform; a vision transformer's blocks give token layouts
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -67,11 +68,17 @@ class TorchvisionFamily(Family):
         return made_of(model, "torchvision.models")
 
     def transform(self, model_cfg: DictConfig) -> Callable | None:
-        weights = model_cfg.get("weights")
-        if weights is None or looks_like_path(str(weights)):
-            return None
         import torchvision.models as tvm
 
+        weights = model_cfg.get("weights")
+        named = weights is not None and not looks_like_path(str(weights))
+        if str(model_cfg.name) in tvm.list_models(module=tvm.video):
+            # a video model's preprocessing is its weights' own, even for a random init or a
+            # checkpoint of one's own: the clips it was made for
+            return VideoTransform(_weights_enum(tvm, str(model_cfg.name),
+                                                str(weights) if named else "DEFAULT"))
+        if not named:
+            return None
         return _weights_enum(tvm, str(model_cfg.name), str(weights)).transforms()
 
     def layout(self, model: nn.Module, batch: Batch) -> RowLayout:
@@ -86,6 +93,24 @@ class TorchvisionFamily(Family):
 
 
 FAMILY = register(TorchvisionFamily())
+
+
+class VideoTransform:
+    """A torchvision video model's evaluation transform (``VideoClassification``: resize,
+    crop, normalise) as the transform of ``dataset=video``: a window's (frames, H, W, 3) uint8
+    frames in, the (3, frames, h, w) clip the model takes out; ``frames`` is the clip length
+    its weights were trained and evaluated with (their docs' ``clip_len``)."""
+
+    def __init__(self, weights):
+        self.preset = weights.transforms()
+        found = re.search(r"clip_len=(\d+)", weights.meta.get("_docs", ""))
+        self.frames = int(found.group(1)) if found else None
+
+    def __call__(self, frames: torch.Tensor) -> torch.Tensor:
+        return self.preset(frames.permute(0, 3, 1, 2))
+
+    def __repr__(self) -> str:
+        return repr(self.preset)
 
 
 def _weights_enum(tvm, name: str, weights: str):

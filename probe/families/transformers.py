@@ -25,7 +25,7 @@ from torch import nn
 from probe.config.schema import Dtype, Reduce
 from probe.data.feed import Batch, DataKind, Feed, ModelLimits
 from probe.errors import ConfigError
-from probe.families import hf_audio, hf_vision, hf_vlm
+from probe.families import hf_audio, hf_video, hf_vision, hf_vlm
 from probe.families.base import Family, graph_from
 from probe.families.hf_attention import eager_patterns
 from probe.families.hf_generation import generate, nll, top1
@@ -258,11 +258,13 @@ def _served_by(cls: type) -> Family | None:
     """The family of the sibling module that serves checkpoints of class ``cls``: a
     vision-language model (its main input is input_ids, with images), a two-tower model (image
     and text features; an image dataset feeds its vision tower), or one that reads pixels or
-    sound; None for token ids (this module's)."""
+    sound, or video; None for token ids (this module's)."""
     if hf_vlm.is_vision_language(cls):
         return hf_vlm.VISION_LANGUAGE
     if hf_vision.is_two_tower(cls):
         return hf_vision.TWO_TOWERS
+    if hf_video.is_video(cls):
+        return hf_video.VIDEO
     return {"pixel_values": hf_vision.VISION, "input_values": hf_audio.AUDIO,
             "input_features": hf_audio.AUDIO}.get(getattr(cls, "main_input_name", "input_ids"))
 

@@ -20,9 +20,7 @@ Two ways to list the clips:
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import json
 import logging
 from pathlib import Path
 
@@ -31,6 +29,7 @@ from torch.utils.data import Dataset
 
 from probe.data.audio.feed import AudioFeed
 from probe.data.feed import bad_sample
+from probe.data.listing import listed_in_file, listed_in_folder
 from probe.errors import ConfigError, DataError
 
 __all__ = ["AudioDataset"]
@@ -38,7 +37,6 @@ __all__ = ["AudioDataset"]
 log = logging.getLogger(__name__)
 
 _SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".aif", ".aiff")
-_LISTS = (".csv", ".jsonl")
 
 
 class AudioDataset(Dataset):
@@ -75,15 +73,18 @@ class AudioDataset(Dataset):
             if transcript_column is not None:
                 raise ConfigError("dataset.transcript_column is a column of dataset.path; a "
                                   "dataset.root folder has none: list the clips in a csv")
-            self.base, self.paths, self.targets, self.classes = _folder(Path(root).expanduser())
+            listing = listed_in_folder(Path(root).expanduser(), _SUFFIXES, "sound files")
             self.source = str(root)
         else:
-            listing = Path(path).expanduser()
-            self.base, self.paths, self.targets, self.classes, self.transcripts = _listing(
-                listing, str(column), None if label_column is None else str(label_column),
-                None if transcript_column is None else str(transcript_column))
+            listing = listed_in_file(Path(path).expanduser(), str(column),
+                                     None if label_column is None else str(label_column),
+                                     {"transcript_column": None if transcript_column is None
+                                      else str(transcript_column)}, "clips")
+            self.transcripts = listing.texts.get(str(transcript_column))
             self.source = str(path)
-        self.files = [_relative(p, self.base) for p in self.paths]
+        self.base, self.paths = listing.base, listing.paths
+        self.targets, self.classes = listing.targets, listing.classes
+        self.files = listing.files
         self.has_targets = self.targets is not None
         self.window_seconds, self.stride_seconds = _windows(window_seconds, stride_seconds)
         self._headers: list[tuple[int, int, int] | None] | None = None
@@ -186,87 +187,6 @@ def _extractor(name: str):
                           "dataset=audio is read by an audio checkpoint's own feature "
                           "extractor: use a speech or audio model (wav2vec2, HuBERT, WavLM, "
                           "Whisper, AST)") from None
-
-
-def _folder(root: Path) -> tuple[Path, list[Path], np.ndarray, list[str]]:
-    if not root.is_dir():
-        raise DataError(f"dataset.root={str(root)!r}: no such folder")
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-    if not classes:
-        raise DataError(f"dataset.root={str(root)!r} has no class subfolders; put each class's "
-                        "files in root/<class>/, or list them in a csv with dataset.path")
-    paths, targets = [], []
-    for target, name in enumerate(classes):
-        found = sorted(p for p in (root / name).rglob("*") if p.suffix.lower() in _SUFFIXES)
-        paths += found
-        targets += [target] * len(found)
-    if not paths:
-        raise DataError(f"dataset.root={str(root)!r} holds no sound files "
-                        f"({', '.join(_SUFFIXES)})")
-    return root, paths, np.asarray(targets, dtype=np.int64), classes
-
-
-def _listing(path: Path, column: str, label_column: str | None, transcript_column: str | None
-             ) -> tuple[Path, list[Path], np.ndarray | None, list[str] | None,
-                        list[str] | None]:
-    if not path.is_file():
-        raise DataError(f"dataset.path={str(path)!r}: no such file")
-    if path.suffix.lower() not in _LISTS:
-        kind = path.suffix or "a file without a suffix"
-        raise DataError(f"dataset.path={str(path)!r}: cannot read {kind}; list the clips in a "
-                        ".csv or .jsonl file, or pass a folder of class subfolders as "
-                        "dataset.root")
-    rows = _rows(path)
-    if not rows:
-        raise DataError(f"dataset.path={str(path)!r} lists no clips (empty)")
-    for key, name in (("column", column), ("label_column", label_column),
-                      ("transcript_column", transcript_column)):
-        if name is not None and name not in rows[0]:
-            raise ConfigError(f"dataset.{key}={name!r} is not a column of {str(path)!r}; it has "
-                              f"{', '.join(map(str, rows[0]))}")
-    paths = [Path(str(row.get(column, ""))).expanduser() for row in rows]
-    paths = [p if p.is_absolute() else path.parent / p for p in paths]
-    texts = (None if transcript_column is None else
-             ["" if row.get(transcript_column) is None else str(row[transcript_column])
-              for row in rows])
-    if label_column is None:
-        return path.parent, paths, None, None, texts
-    targets, classes = _labels([row.get(label_column) for row in rows], label_column)
-    return path.parent, paths, targets, classes, texts
-
-
-def _rows(path: Path) -> list[dict]:
-    text = path.read_text()
-    if path.suffix.lower() == ".csv":
-        return list(csv.DictReader(text.splitlines()))
-    rows = []
-    for n, line in enumerate(text.splitlines()):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise DataError(f"dataset.path={str(path)!r}: line {n + 1} is not JSON ({err})"
-                                "; fix the file") from None
-    return rows
-
-
-def _labels(values: list, column: str) -> tuple[np.ndarray, list[str] | None]:
-    if any(v is None or v == "" for v in values):
-        raise ConfigError(f"dataset.label_column={column!r} has empty values; give every clip "
-                          "a label, or leave label_column unset")
-    try:
-        return np.asarray([int(v) for v in values], dtype=np.int64), None
-    except (TypeError, ValueError):  # names of classes: numbered in sorted order
-        classes = sorted({str(v) for v in values})
-        number = {name: n for n, name in enumerate(classes)}
-        return np.asarray([number[str(v)] for v in values], dtype=np.int64), classes
-
-
-def _relative(path: Path, base: Path) -> str:
-    try:
-        return str(path.relative_to(base))
-    except ValueError:
-        return str(path)
 
 
 def _windows(window, stride) -> tuple[float | None, float | None]:

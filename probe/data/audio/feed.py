@@ -9,6 +9,9 @@ the model's own business: the plan gives the feed the family's length function
 (``Feed.for_model``: wav2vec2's ``_get_feat_extract_output_lengths``) before any batch is made,
 which maps each clip's real input length (the extractor's mask) to its real frames.
 
+Rows know their time: ``/onset`` (one per frame row) is ``position / frame_rate`` seconds
+from the start of its clip, ``/duration`` (one per clip) the clip's length in seconds.
+
 Long recordings (``dataset.window_seconds``, ``stride_seconds``): each clip is cut into
 windows that start every stride (a whole number of frames), fed as rows of one batch (a
 ``Pieces`` layout, probe.data.layouts); of the frames that several windows compute, each is
@@ -35,7 +38,7 @@ from probe.data.feed import Batch, Batching, DataKind, Feed, LoadedItems, loadab
 from probe.data.layouts import Pieces, Positions
 from probe.data.selection import OpenSelection, Selection
 from probe.errors import ConfigError, DataError
-from probe.file.format import FILE, POSITIONS, TRANSCRIPT, Attr, DatasetSpec
+from probe.file.format import DURATION, FILE, ONSET, POSITIONS, TRANSCRIPT, Attr, DatasetSpec
 
 __all__ = ["AudioFeed"]
 
@@ -102,7 +105,9 @@ class AudioFeed(Feed):
     def bookkeeping(self, dataset) -> dict[str, DatasetSpec]:
         """Each clip's file (and transcript); each frame row's position in its clip comes with
         the batch's layout."""
-        specs = {FILE: DatasetSpec((), "str", {Attr.DIMS: ["sample"]}, compressible=False)}
+        specs = {FILE: DatasetSpec((), "str", {Attr.DIMS: ["sample"]}, compressible=False),
+                 DURATION: DatasetSpec((), "float64", {Attr.DIMS: ["sample"]},
+                                       compressible=False)}
         if dataset.transcripts is not None:
             specs[TRANSCRIPT] = DatasetSpec((), "str", {Attr.DIMS: ["sample"]},
                                             compressible=False)
@@ -157,11 +162,15 @@ class AudioFeed(Feed):
         keep, positions = _stitched(real, length, cuts, self._samples_per_frame(dataset))
         index = torch.tensor([i for i, _ in rows], dtype=torch.int64)
         windowed = dataset.window_seconds is not None
-        sample_rows = {FILE: np.array([item["file"] for item in items], dtype=object)}
+        sample_rows = {FILE: np.array([item["file"] for item in items], dtype=object),
+                       DURATION: np.array([len(item["audio"]) / dataset.sampling_rate
+                                           for item in items], dtype=np.float64)}
         if dataset.transcripts is not None:
             sample_rows[TRANSCRIPT] = np.array([item["transcript"] for item in items],
                                                dtype=object)
-        stored = {POSITIONS: positions}
+        # each frame's time in its clip: its position over the model's frame rate
+        stored = {POSITIONS: positions,
+                  ONSET: positions.to(torch.float64) / self.frame_rate(dataset)}
         layout = (Pieces(keep, stored, axis="frame", piece_sample=torch.repeat_interleave(
             torch.arange(len(items)), torch.tensor([len(cut) for cut in cuts])))
             if windowed else Positions(keep, stored, axis="frame"))
