@@ -104,6 +104,11 @@ def test_every_dataset_config_instantiates(make_cfg, tmp_path, monkeypatch, requ
         Wav2Vec2FeatureExtractor().save_pretrained(tmp_path / "extractor")
         extra = [f"dataset.root={clip_folder(tmp_path / 'clips', [0.2])}",
                  f"dataset.feature_extractor={tmp_path / 'extractor'}"]
+    elif name == "video":
+        from tests.tiny_video import write_video
+
+        write_video(tmp_path / "videos/a/one.mkv", 25)
+        extra = [f"dataset.root={tmp_path / 'videos'}", "dataset.frames=4"]
     cfg = make_cfg(f"dataset={name}", *extra)
     dataset = build_dataset(cfg)  # dataset.on_error is probe's, not the dataset's argument
     if name == "pairs":
@@ -112,6 +117,9 @@ def test_every_dataset_config_instantiates(make_cfg, tmp_path, monkeypatch, requ
         return
     if name == "audio":
         assert dataset[0]["audio"].shape == (3200,) and dataset[0]["target"] == 0
+        return
+    if name == "video":  # two-second windows ending at 0, 1 and 2 s of a 2.5 s film
+        assert len(dataset) == 3 and dataset[0]["video"].shape == (3, 4, 24, 32)
         return
     if name in ("text", "tokens", "chat"):
         item = dataset[0]

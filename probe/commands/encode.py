@@ -33,7 +33,7 @@ def _encode(cfg: DictConfig) -> None:
                      max_features=cfg.max_features, seed=cfg.seed, device=cfg.device,
                      memory_mb=cfg.memory_mb, solver=cfg.solver,
                      delays=None if cfg.delays is None else list(cfg.delays), tr=cfg.tr,
-                     onsets=cfg.onsets, repeats=cfg.repeats,
+                     onsets=cfg.onsets, runs=cfg.runs, hrf=cfg.hrf, repeats=cfg.repeats,
                      bands=None if cfg.bands is None else list(cfg.bands))
     written = write_results(results, out_dir, file=file, targets=targets or cfg.repeats,
                             folds=cfg.folds, alphas=alphas, seed=cfg.seed)

@@ -44,13 +44,17 @@ ADDED_KEYS = {"reduce_components": None, "reduce_fit_samples": 256,
               "output.fidelity_rows": 256, "generate.max_new_tokens": 0,
               "generate.do_sample": False,
               "generate.temperature": None, "generate.top_p": None,
-              "generate.stop_at_eos": True, "generate.rows": "all"}
+              "generate.stop_at_eos": True, "generate.rows": "all",
+              **(_STORY_KEYS := {"dataset.onset_column": "onset",
+                                 "dataset.offset_column": "offset",
+                                 "dataset.context_tokens": None,
+                                 "dataset.context_stride": None})}
 
 
 # keys added after 0.2 that a file records only where set: a run that leaves them at their
 # default writes the config that 0.2 wrote
 QUIET_DEFAULTS = {"intervene": None, "reduce_components": None, "reduce_fit_samples": 256,
-                  "output.fidelity_rows": 256}
+                  "output.fidelity_rows": 256, **_STORY_KEYS}
 
 
 def recorded_config(values: dict, prefix: str = "") -> dict:

@@ -14,7 +14,10 @@ x features) where a key has fewer features than training rows, else in the kerne
 (probe.analyses.encode.kernel: the rows' Gram matrix, rows x rows) where that fits in
 ``memory_mb``; ``solver=himalaya`` runs himalaya's RidgeCV on the same folds. Rows wider
 than ``max_features`` are first reduced by a seeded sparse random projection
-(probe.analyses.encode.projection), recorded in scores.h5.
+(probe.analyses.encode.projection), recorded in scores.h5. With ``tr``, the rows are a
+time series placed in the targets' TRs, run by run (probe.analyses.encode.timeline: the
+file's /onset or onsets by hand, runs= per /file, hrf=), and the folds are contiguous blocks
+or whole runs.
 """
 
 from __future__ import annotations
@@ -38,11 +41,10 @@ from probe.analyses.encode.design import (
     Delayed,
     Design,
     FileRows,
-    TRBins,
     check_time_series,
     checked_delays,
-    row_times,
 )
+from probe.analyses.encode.hrf import checked_hrf
 from probe.analyses.encode.kernel import kernel_bytes, solve_kernel
 from probe.analyses.encode.projection import SparseProjection
 from probe.analyses.encode.ridge import (
@@ -56,6 +58,7 @@ from probe.analyses.encode.ridge import (
     stats_bytes,
 )
 from probe.analyses.encode.targets import Targets, open_targets
+from probe.analyses.encode.timeline import Timeline, open_timeline
 from probe.analyses.stats import (
     analysis_device,
     blocks_of,
@@ -82,6 +85,7 @@ def encode(path: str | Path, targets: str | Path | None, keys: list[str] | None 
            device: str = _Defaults.device, memory_mb: float = _Defaults.memory_mb,
            solver: str = _Defaults.solver, delays: list[int] | None = None,
            tr: float | None = None, onsets: str | Path | None = None,
+           runs: str | Path | None = None, hrf: str | None = None,
            repeats: str | Path | None = None, bands: list[str] | None = None) -> list[dict]:
     """Fit and test a cross-validated ridge encoding model per stored key.
 
@@ -102,10 +106,20 @@ def encode(path: str | Path, targets: str | Path | None, keys: list[str] | None 
         solver: ``auto`` (exact, the cheaper of the streamed sums and the kernel form),
             ``streamed``, ``kernel`` or ``himalaya``.
         delays: a finite impulse response: each row beside the rows that many rows (TRs)
-            before it; the rows are then a time series, and the folds contiguous runs of it.
-        tr, onsets: seconds per TR and ``O.npy``, each sample's onset in seconds (or each
-            stored row's): the rows are averaged into the targets' TRs (probe.analyses.encode
-            .design), and the folds are contiguous runs of TRs.
+            before it (never from the run before); the rows are then a time series, and the
+            folds contiguous blocks of it (whole runs, where there are ``folds`` runs).
+        tr: seconds per TR: the targets' rows are TRs, and the stored rows are placed in time
+            and averaged into them (probe.analyses.encode.timeline), by the file's ``/onset``
+            unless ``onsets`` are given.
+        onsets: ``O.npy``, each sample's onset in seconds (or each stored row's), instead of
+            the file's ``/onset``.
+        runs: ``R.npy``, each targets row's run (fMRI run): 0 .. F - 1, the files in the
+            order they first appear in the dataset, or their ``/file`` names. Each file's
+            rows go into its run's TRs, from its start; needed where the rows are of
+            several files (probe.analyses.encode.runs).
+        hrf: ``spm`` or ``glover``: the TRs' features convolved with nilearn's haemodynamic
+            response, within each run (probe.analyses.encode.hrf); with ``delays``, the
+            delays are of the convolved rows. Needs ``tr``.
         repeats: ``R.npy`` (R, N, V), repeated responses: each target's noise ceiling
             (probe.analyses.encode.ceiling), and the scores normalised by it.
         bands: two or more keys for one more model, a banded ridge across them
@@ -115,14 +129,18 @@ def encode(path: str | Path, targets: str | Path | None, keys: list[str] | None 
         One dict per key, in the model's order: ``key``, ``score``, ``r`` (V,) each column's
         r, ``fold_r`` and ``alpha`` (folds, V), and how it was solved (``solver``,
         ``features``, and the projection's ``input_features``, ``projection``, ... where one
-        was made); with ``repeats``, ``score_normalised``, ``r_normalised`` and
+        was made); ``design``, the time series' options where there are some (``delays``,
+        ``tr``, ``onsets``, ``hrf``, ``runs`` and ``run_trs``, ``folds_by``); with
+        ``repeats``, ``score_normalised``, ``r_normalised`` and
         ``reliability`` too. The banded model's ``key`` joins its bands' with ``+``; it has
         ``bands`` and ``band_weights`` (folds, bands, V).
 
     Raises:
         ProbeError: the file or targets are missing or unfinished, a key is not in the file
             or holds rows per token (without ``tr``), the targets have another number of rows
-            than the dataset has samples; or a bad option (named, with what to use instead).
+            than the dataset has samples, ``tr`` over a file without ``/onset`` and no
+            ``onsets``, rows of several files without ``runs``; or a bad option (named, with
+            what to use instead).
     """
     alphas = _checked_alphas(ALPHAS if alphas is None else alphas)
     if solver not in SOLVERS:
@@ -134,7 +152,8 @@ def encode(path: str | Path, targets: str | Path | None, keys: list[str] | None 
             raise ConfigError(f"solver={solver} needs {module}: pip install "
                               "'probe[analysis]', or use solver=streamed")
     delays = None if delays is None else checked_delays(delays)
-    timing = _checked_timing(tr, onsets)
+    tr, hand_onsets = _checked_timing(tr, onsets, runs)
+    hrf = checked_hrf(hrf, tr)
     budget = working_budget(budget_bytes(memory_mb))
     torch_device = analysis_device(device)
     with ExitStack() as stack:
@@ -142,25 +161,28 @@ def encode(path: str | Path, targets: str | Path | None, keys: list[str] | None 
         repeated = _opened_repeats(repeats, stack)
         target = stack.enter_context(_opened_targets(targets, repeated, budget))
         selected = select_keys(f, keys)
-        if timing is None:
+        timeline = None
+        if tr is None:
             token_rows = [key for key in selected if f.per_token(key)]
             if token_rows:
                 raise ConfigError(
                     f"{', '.join(token_rows)} hold one row per token (tokens=all), and the "
                     "targets one row per sample; run probe with tokens=last or tokens=mean, or "
-                    "place the rows in time with tr= and onsets=")
+                    "place the rows in time with tr= (and onsets=, where the file has no "
+                    "/onset)")
             target.check_rows_of(f)
-        num_rows = target.num_rows if timing is not None else f.num_rows
+        else:
+            timeline = open_timeline(f, tr, hand_onsets, runs, hrf, target.num_rows,
+                                     onsets_from=None if onsets is None else str(onsets))
+        num_rows = target.num_rows if timeline is not None else f.num_rows
         check_folds(folds, num_rows)
-        series = timing is not None or delays is not None
-        fold_of = deal_folds(num_rows, int(folds), int(seed), contiguous=series)
-        if series:
-            log.info("the rows are a time series: %d folds of contiguous rows", int(folds))
+        fold_of, folds_by = _folds(timeline, delays, num_rows, int(folds), int(seed))
         banded = _checked_bands(f, bands, num_rows, target.num_columns, budget)
+        described = _described(timeline, delays, folds_by)
 
         def design_of(key: str) -> tuple[Design, SparseProjection | None]:
             return _design(f, key, target, int(max_features), int(seed), torch_device,
-                           budget, delays, timing)
+                           budget, delays, timeline)
 
         results = []
         for key in selected:
@@ -168,15 +190,19 @@ def encode(path: str | Path, targets: str | Path | None, keys: list[str] | None 
             found = _solve(key, design, target, fold_of, alphas, budget, solver)
             if projection is not None:
                 found.update(projection.describe())
+            if described:
+                found["design"] = described
             results.append(found)
             _log_score(found)
         if banded:
             designs = [design_of(key)[0] for key in banded]
             results.append(_solve_bands(banded, designs, target, fold_of, alphas, int(seed),
                                         budget))
+            if described:
+                results[-1]["design"] = described
             _log_score(results[-1])
         if repeated is not None:  # over the targets' rows that the models were tested on
-            tested = np.arange(target.num_rows) if timing is not None else f.index
+            tested = np.arange(target.num_rows) if timeline is not None else f.index
             reliability = repeated.reliability(tested, budget)
             for found in results:
                 found["reliability"] = reliability
@@ -229,20 +255,53 @@ def _checked_alphas(alphas) -> list[float]:
     return sorted(set(values))
 
 
-def _checked_timing(tr, onsets) -> tuple[float, np.ndarray] | None:
-    if tr is None and onsets is None:
-        return None
-    if tr is None or onsets is None:
-        raise ConfigError("tr= and onsets= go together: tr=SECONDS (the targets' rows are TRs) "
-                          "and onsets=O.npy (each sample's onset in seconds)")
+def _checked_timing(tr, onsets, runs) -> tuple[float | None, np.ndarray | None]:
+    # tr, and the onsets given by hand (None: the file's own /onset, read with the file)
+    if tr is None:
+        if onsets is not None:
+            raise ConfigError("tr= and onsets= go together: tr=SECONDS (the targets' rows are "
+                              "TRs) and onsets=O.npy (each sample's onset in seconds)")
+        if runs is not None:
+            raise ConfigError(f"runs={str(runs)!r} names the run of each TR: give tr=SECONDS "
+                              "too (the targets' rows are then TRs)")
+        return None, None
     if not float(tr) > 0:
         raise ConfigError(f"tr={tr} must be the seconds per TR, more than 0")
+    if onsets is None:
+        return float(tr), None
     with open_targets(onsets, option="onsets") as opened:
         if opened.num_columns != 1:
             raise ConfigError(f"onsets={str(onsets)!r} has shape {tuple(opened.array.shape)}; "
                               "give one onset in seconds per sample (or per stored row)")
         values = np.asarray(opened.array, dtype=np.float64).reshape(-1)
     return float(tr), values
+
+
+def _folds(timeline: Timeline | None, delays: list[int] | None, rows: int, folds: int,
+           seed: int) -> tuple[np.ndarray, str]:
+    # each row's outer fold, and how they were dealt: a time series in blocks (neighbouring
+    # TRs are alike: a random deal would test on the neighbours of training rows), whole runs
+    # where there are enough of them (leave-runs-out, the usual practice for fMRI)
+    if timeline is not None:
+        fold_of, how = timeline.runs.fold_of(folds)
+    elif delays is not None:
+        fold_of, how = deal_folds(rows, folds, seed, contiguous=True), (
+            f"{folds} folds of contiguous rows")
+    else:
+        return deal_folds(rows, folds, seed), "random"
+    log.info("the rows are a time series: %s", how)
+    return fold_of, how
+
+
+def _described(timeline: Timeline | None, delays: list[int] | None, folds_by: str) -> dict:
+    # the time series' options, as the results record them (scores.h5's attrs)
+    if timeline is None and delays is None:
+        return {}
+    found = {} if timeline is None else timeline.describe()
+    if delays is not None:
+        found["delays"] = list(delays)
+    found["folds_by"] = folds_by
+    return found
 
 
 def _opened_repeats(repeats, stack: ExitStack) -> Repeats | None:
@@ -277,25 +336,24 @@ def _nanmean(values: np.ndarray) -> float:
 
 def _design(f: FeatureFile, key: str, target: Targets, max_features: int, seed: int,
             device: torch.device, budget: int, delays: list[int] | None,
-            timing: tuple[float, np.ndarray] | None
-            ) -> tuple[Design, SparseProjection | None]:
+            timeline: Timeline | None) -> tuple[Design, SparseProjection | None]:
     # the rows the ridge reads for this key (probe.analyses.encode.design), and the
     # projection they went through, if any
     width = row_width(f[key])
     projection = (SparseProjection(width, max_features, seed, device)
                   if width > max_features else None)
-    if timing is not None:
-        tr, onsets = timing
+    first_row = None
+    if timeline is not None:
         stored = int(f.offsets[-1]) if f.per_token(key) else f.num_rows
         source = FileRows(f, key, np.arange(stored), device, projection)
-        times = row_times(f, key, onsets, "onsets")
-        design: Design = TRBins(source, times, tr, target.num_rows, budget)
+        design: Design = timeline.design(f, key, source, budget)
+        first_row = timeline.runs.first_row
     else:
         order = (check_time_series(f, key) if delays is not None
                  else np.arange(f.num_rows))
         design = FileRows(f, key, order, device, projection)
     if delays is not None:
-        design = Delayed(design, delays)
+        design = Delayed(design, delays, first_row)
     return design, projection
 
 
@@ -435,7 +493,8 @@ def write_results(results: list[dict], out_dir: str | Path, *, file: str | Path,
     """Write ``encoding.csv`` (``key,score``, and ``score_normalised`` with repeats) and
     ``scores.h5`` (``r/<key>``: each target column's r, ``fold_r/<key>`` and
     ``alpha/<key>``: per outer fold; with repeats ``r_normalised/<key>`` and
-    ``reliability``, each target's) into ``out_dir``.
+    ``reliability``, each target's; the results' ``design`` in its root attrs) into
+    ``out_dir``.
 
     Raises:
         OutputError: ``out_dir`` cannot be written.
@@ -450,6 +509,8 @@ def write_results(results: list[dict], out_dir: str | Path, *, file: str | Path,
                 "alphas": np.asarray(ALPHAS if alphas is None else alphas, dtype=np.float64),
                 "score": "mean over the target columns of the held-out Pearson r, each "
                          "column's r averaged over the outer folds"})
+            # the time series' options (delays, tr, onsets, hrf, runs, folds_by), as given
+            h5.attrs.update(results[0].get("design", {}) if results else {})
             if ceiling:
                 h5["reliability"] = results[0]["reliability"]
                 h5["reliability"].attrs["what"] = (
@@ -464,12 +525,13 @@ def write_results(results: list[dict], out_dir: str | Path, *, file: str | Path,
                 if "band_weights" in r:
                     h5[f"band_weights/{r['key']}"] = r["band_weights"]
                 h5[f"r/{r['key']}"].attrs.update(
-                    {name: value for name, value in r.items() if name not in _ARRAYS})
+                    {name: value for name, value in r.items() if name not in _NOT_ATTRS})
     return [out_dir / "encoding.csv", out_dir / "scores.h5"]
 
 
-# the per-target results, written as datasets rather than attrs
-_ARRAYS = ("key", "r", "fold_r", "alpha", "reliability", "r_normalised", "band_weights")
+# the per-target results, written as datasets rather than attrs, and the design, the root's
+_NOT_ATTRS = ("key", "r", "fold_r", "alpha", "reliability", "r_normalised", "band_weights",
+              "design")
 
 
 def format_table(results: list[dict]) -> str:

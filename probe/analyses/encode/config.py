@@ -45,11 +45,18 @@ class EncodeConfig:
     # time series, and the folds contiguous runs of it
     delays: list[int] | None = None
     # seconds per TR: the targets' rows are TRs, and the rows are averaged into them by their
-    # time (with onsets); null: row i of the targets is dataset sample i
+    # time (the file's /onset, or onsets); null: row i of the targets is dataset sample i
     tr: float | None = None
     # O.npy: each dataset sample's onset in seconds (frames follow at the file's frame rate),
-    # or one per stored row (tokens with their word onsets); with tr
+    # or one per stored row (tokens with their word onsets); with tr; null: the file's /onset
     onsets: str | None = None
+    # R.npy: each targets row's run (one per stimulus file, its TRs consecutive): 0 .. F-1 in
+    # the order the files first appear in the dataset, or their /file names; with tr; null:
+    # one run (a file of rows of several files needs it)
+    runs: str | None = None
+    # spm | glover: convolve each run's TRs with nilearn's haemodynamic response (before any
+    # delays); with tr; null: none
+    hrf: str | None = None
     # R.npy (R, N, V): repeated responses, for each target's noise ceiling (split-half,
     # Spearman-Brown) and the scores normalised by it; targets default to their mean
     repeats: str | None = None

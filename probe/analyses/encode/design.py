@@ -4,12 +4,14 @@ Three kinds, one interface (``Design``: ``num_rows``, ``features``, ``read(start
 
 - ``FileRows``: a key's stored rows (projected where they are too wide), one per sample; the
   targets' row of each is the sample's ``/index``.
-- ``TRBins``: for naturalistic designs (``tr=``, ``onsets=``), the stored rows placed in time
-  and averaged into the recording's TRs: a sample's row at its onset, a frame's at its sample's
-  onset plus ``position / frame_rate``, or each stored row (a token, say) at its own onset. A
-  TR that no row falls in is zeros. Row k is TR k, the targets' row k.
+- ``TRBins``: for naturalistic designs (``tr=``), the stored rows placed in time (by
+  probe.analyses.encode.times) and averaged into the recording's TRs, each row into a TR of
+  its own run (probe.analyses.encode.runs: a file's rows into that file's TRs). A TR that no
+  row falls in is zeros. Row k is TR k, the targets' row k.
 - ``Delayed``: a finite impulse response over another design, in time order: row t holds the
-  rows t - d for each delay d (zeros before the first), side by side.
+  rows t - d for each delay d (zeros before the first row of t's run), side by side.
+
+The HRF's convolution (``Convolved``) is a design too, in probe.analyses.encode.hrf.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import numpy as np
 import torch
 
 from probe.analyses.encode.projection import SparseProjection
+from probe.analyses.encode.runs import Runs
+from probe.analyses.encode.times import row_times
 from probe.analyses.stats import AlignedRows, blocks_of
 from probe.errors import ConfigError
-from probe.file.format import POSITIONS
 from probe.file.read import FeatureFile
 
 __all__ = ["Design", "FileRows", "TRBins", "Delayed", "checked_delays", "row_times",
@@ -65,21 +68,25 @@ class FileRows:
 
 class TRBins:
     """The rows of ``source`` at ``times`` (seconds, one per row), averaged into ``num_trs``
-    bins of ``tr`` seconds; held in memory (TRs x features).
+    bins of ``tr`` seconds; held in memory (TRs x features). With ``runs``, row i's time is
+    from the start of its run ``run_of[i]``, and TR k of that run is the targets' row
+    ``runs.starts[run] + k``; without, every row is in one run of ``num_trs`` TRs.
 
     Raises:
-        ConfigError: a row outside the recording, every row in one TR, or more than the
+        ConfigError: a row outside its run's TRs, every row in one TR, or more than the
             budget to hold.
     """
 
     def __init__(self, source: FileRows, times: np.ndarray, tr: float, num_trs: int,
-                 budget: int):
+                 budget: int, runs: Runs | None = None, run_of: np.ndarray | None = None):
         need = 8 * num_trs * source.features
         if need > budget:
             raise ConfigError(
                 f"{num_trs} TRs x {source.features} features of {source.key} take "
                 f"{need / (1 << 20):.0f} MiB; raise memory_mb or lower max_features")
-        bins = _bins(source.key, times, tr, num_trs)
+        runs = runs if runs is not None else Runs.one(num_trs)
+        run_of = run_of if run_of is not None else np.zeros(len(times), dtype=np.int64)
+        bins = _bins(source.key, times, tr, runs, run_of)
         sums = torch.zeros(num_trs, source.features, dtype=torch.float64,
                            device=source.reader.device)
         rows = max(1, (budget // 4) // source.row_bytes)
@@ -100,15 +107,23 @@ class TRBins:
         return self.matrix[start:stop]
 
 
-def _bins(key: str, times: np.ndarray, tr: float, num_trs: int) -> np.ndarray:
-    # each row's TR, once the times are known to lie in the recording and span more than one
-    end = num_trs * tr
-    if len(times) and (times.min() < 0 or times.max() >= end):
-        bad = times.min() if times.min() < 0 else times.max()
-        raise ConfigError(f"a row of {key} lies at {bad:g} s, outside the recording: "
-                          f"{num_trs} TRs of tr={tr:g} s cover 0 to {end:g} s; check the "
-                          "onsets' units (seconds) and tr")
-    bins = np.floor(times / tr).astype(np.int64)
+def _bins(key: str, times: np.ndarray, tr: float, runs: Runs, run_of: np.ndarray
+          ) -> np.ndarray:
+    # each row's TR (the targets' row), once the times are known to lie in their runs and to
+    # span more than one TR
+    within = np.floor(times / tr).astype(np.int64)
+    lengths = runs.lengths[run_of]
+    outside = (times < 0) | (times >= lengths * tr) | (within >= lengths)
+    if outside.any():
+        late = np.where(outside, times - lengths * tr, -np.inf)
+        i = int(np.argmin(times)) if times.min() < 0 else int(np.argmax(late))
+        run, trs = int(run_of[i]), int(lengths[i])
+        where = ("outside the recording: " if len(runs.names) == 1 else
+                 f"in run {runs.names[run]!r} outside its recording: its ")
+        raise ConfigError(f"a row of {key} lies at {times[i]:g} s, {where}{trs} TRs of "
+                          f"tr={tr:g} s cover 0 to {trs * tr:g} s; check the onsets' units "
+                          f"(seconds) and tr{'' if len(runs.names) == 1 else ' and runs='}")
+    bins = runs.starts[run_of] + within
     if len(times) > 1 and bins.min() == bins.max():
         raise ConfigError(f"every row of {key} falls in one TR: tr={tr:g} s is longer than "
                           f"the stimulus (its rows span {times.max() - times.min():g} s); give "
@@ -117,10 +132,13 @@ def _bins(key: str, times: np.ndarray, tr: float, num_trs: int) -> np.ndarray:
 
 
 class Delayed:
-    """``source`` (rows in time order) with its rows t - d beside row t, one per delay."""
+    """``source`` (rows in time order) with its rows t - d beside row t, one per delay; zeros
+    where t - d lies before ``first_row[t]``, the first row of t's run (default: row 0)."""
 
-    def __init__(self, source: Design, delays: list[int]):
+    def __init__(self, source: Design, delays: list[int], first_row: np.ndarray | None = None):
         self.source, self.delays = source, delays
+        self.first_row = (np.zeros(source.num_rows, dtype=np.int64) if first_row is None
+                          else np.asarray(first_row, dtype=np.int64))
         self.num_rows, self.index = source.num_rows, source.index
         self.features = source.features * len(delays)
         self.row_bytes = source.row_bytes + 8 * self.features
@@ -130,12 +148,14 @@ class Delayed:
         x = self.source.read(first, stop)
         out = x.new_zeros(stop - start, self.features)
         width = self.source.features
+        t = np.arange(start, stop)
         for j, d in enumerate(self.delays):
-            # row t takes source row t - d: rows from max(start, d) on
-            begin = max(start, d)
-            if begin < stop:
-                out[begin - start:, j * width:(j + 1) * width] = x[begin - d - first:stop - d
-                                                                    - first]
+            # row t takes source row t - d where that is in t's run (a response never reaches
+            # back into the run before)
+            rows = t[t - d >= self.first_row[start:stop]]
+            if len(rows):
+                at = torch.as_tensor(rows - start, device=x.device)
+                out[at, j * width:(j + 1) * width] = x[at + (start - d - first)]
         return out
 
 
@@ -161,7 +181,8 @@ def check_time_series(f: FeatureFile, key: str) -> np.ndarray:
     """
     if f.per_token(key):
         raise ConfigError(f"{key} holds one row per token; delays over its rows need "
-                          "tr= and onsets= to place them in time")
+                          "tr= (and onsets=, where the file has no /onset) to place them in "
+                          "time")
     index = f.index
     order = np.argsort(index, kind="stable")
     if not np.array_equal(index[order], np.arange(len(index))):
@@ -170,51 +191,3 @@ def check_time_series(f: FeatureFile, key: str) -> np.ndarray:
             f"{len(index)} samples with gaps (the highest is {int(index.max())}); run probe "
             "on the whole dataset, or merge every shard first")
     return order
-
-
-def row_times(f: FeatureFile, key: str, onsets: np.ndarray, option: str) -> np.ndarray:
-    """When each stored row of ``key`` happened, in seconds: see the module's docstring.
-
-    Raises:
-        ConfigError: the onsets have neither a value per sample nor one per stored row, or
-            they decrease, or frame rows in a file without a frame rate.
-    """
-    onsets = np.asarray(onsets, dtype=np.float64).reshape(-1)
-    if not np.isfinite(onsets).all():
-        raise ConfigError(f"{option} holds NaN or an infinity; give every onset in seconds")
-    if not f.per_token(key):
-        index = f.index
-        if len(onsets) <= int(index.max()):
-            raise ConfigError(f"{option} has {len(onsets)} onsets, but {str(f.path)!r} holds "
-                              f"sample {int(index.max())}; give one onset per dataset sample")
-        _check_increasing(onsets, option, "sample")
-        return onsets[index]
-    stored = int(f.offsets[-1])
-    if len(onsets) == stored:  # one per stored row: a token's word onset, say
-        _check_increasing(onsets, option, "row")
-        return onsets
-    if len(onsets) <= int(f.index.max()):
-        raise ConfigError(f"{option} has {len(onsets)} onsets; {key} holds {stored} rows of "
-                          f"{f.num_rows} samples: give one onset per dataset sample (frames are "
-                          "placed by the frame rate) or one per stored row")
-    rate = f.attrs.get("frame_rate")
-    if rate is None:
-        raise ConfigError(f"{option} has one onset per sample, but {key} holds rows per token "
-                          "and the file has no frame rate to place them by; give one onset "
-                          "per stored row")
-    _check_increasing(onsets, option, "sample")
-    offsets = f.offsets
-    sample_of_row = np.repeat(f.index, np.diff(offsets))
-    positions = f[POSITIONS][:stored] if POSITIONS in f else (
-        np.arange(stored) - np.repeat(offsets[:-1], np.diff(offsets)))
-    return onsets[sample_of_row] + positions / float(rate)
-
-
-def _check_increasing(onsets: np.ndarray, option: str, unit: str) -> None:
-    back = np.flatnonzero(np.diff(onsets) < 0)
-    if len(back):
-        i = int(back[0])
-        raise ConfigError(f"{option}: the onset of {unit} {i + 1} ({onsets[i + 1]:g} s) comes "
-                          f"before that of {unit} {i} ({onsets[i]:g} s); onsets must not "
-                          "decrease")
-

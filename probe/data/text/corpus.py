@@ -16,13 +16,20 @@ Two ways to cut a corpus into samples:
 
 ``streaming=true`` reads the corpus as a stream instead (probe.data.text.stream): for corpora larger
 than memory or the disk's cache.
+
+A word-timed story (a .tsv table of words, or a .csv one with an onset column:
+probe.data.text.words) is no corpus: ``TextDataset(...)`` gives its sibling ``WordStories`` for
+it, and takes its keys (``onset_column``, ``offset_column``, ``context_tokens``,
+``context_stride``) for that alone.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +42,7 @@ from probe.data.text.feed import TextFeed
 from probe.data.text.stream import pack, stream_items
 from probe.errors import ConfigError, DataError
 
-__all__ = ["TextDataset"]
+__all__ = ["TextDataset", "add_sibling"]
 
 log = logging.getLogger(__name__)
 
@@ -60,15 +67,32 @@ class TextDataset(Dataset):
     Raises:
         DataError: a path that does not exist, a file kind ``datasets`` cannot read.
         ConfigError: a column that is not in the data, labels that are not integers, a
-            tokenizer that cannot be loaded, packing without an end-of-text token.
+            tokenizer that cannot be loaded, packing without an end-of-text token, a key of
+            word-timed stories for a path that is none.
     """
 
     feed = TextFeed()
 
+    def __new__(cls, *args, **kwargs):
+        # a path that a sibling reads (a word-timed story: probe.data.text.words) gives the
+        # sibling's dataset: dataset=text names one factory, and neither the feed nor the core
+        # tells them apart. Unpickling (a loader's worker) calls this with no arguments.
+        if args or kwargs:
+            bound = inspect.signature(cls.__init__).bind(None, *args, **kwargs)
+            bound.apply_defaults()
+            arguments = {k: v for k, v in bound.arguments.items() if k != "self"}
+            for sibling in _SIBLINGS:
+                found = sibling(arguments)
+                if found is not None:
+                    return found
+        return super().__new__(cls)
+
     def __init__(self, path: str | None = None, name: str | None = None, split: str = "train",
                  column: str = "text", label_column: str | None = None, max_length: int = 128,
                  tokenizer: str | None = None, packing: bool = False,
-                 exclude_special: bool = False, streaming: bool = False):
+                 exclude_special: bool = False, streaming: bool = False,
+                 onset_column: str = "onset", offset_column: str = "offset",
+                 context_tokens: int | None = None, context_stride: int | None = None):
         if int(max_length) < 1:
             raise ConfigError(f"dataset.max_length={max_length} must be at least 1")
         self.max_length, self.packing = int(max_length), bool(packing)
@@ -231,6 +255,22 @@ class TextDataset(Dataset):
     def fingerprint(self) -> dict:
         """The files (relative paths and sizes) or the Hub dataset, and the tokenizer."""
         return _fingerprint(self.files, self.source, self.rows, self.tokenizer)
+
+
+# hydra and inspect read the keys from __init__, not from __new__'s (*args, **kwargs)
+TextDataset.__signature__ = inspect.signature(TextDataset.__init__).replace(
+    parameters=list(inspect.signature(TextDataset.__init__).parameters.values())[1:])
+
+# readers of dataset=text's paths besides the corpus: each takes TextDataset's arguments (its
+# defaults filled in) and gives its own dataset, or None where the path is not its kind. The
+# package's __init__ imports them, so that they are here before any TextDataset is made.
+_SIBLINGS: list[Callable[[dict], Dataset | None]] = []
+
+
+def add_sibling(reader: Callable[[dict], Dataset | None]) -> None:
+    """Let ``reader`` take the paths of its kind from TextDataset (see ``_SIBLINGS``)."""
+    if reader not in _SIBLINGS:
+        _SIBLINGS.append(reader)
 
 
 def _fingerprint(files: list[Path], source: str, rows, tokenizer) -> dict:

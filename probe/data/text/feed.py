@@ -9,8 +9,9 @@ position (``/positions``), and, for packed windows, its document (``/document``)
 
 A dataset of token sequences (``Sequences``) gives items ``{"input_ids", "keep", "target",
 "document"}`` (and ``"columns"``: values per token stored beside the ids, a conversation's
-``/loss_mask`` and ``/role``) and says how long its samples are, so that batches can be
-bucketed by length.
+``/loss_mask`` and ``/role``, a story's ``/onset``; ``"sample_columns"``: values per sample, a
+story window's ``/file``, which its ``bookkeeping()`` declares) and says how long its samples
+are, so that batches can be bucketed by length.
 """
 
 from __future__ import annotations
@@ -39,7 +40,13 @@ log = logging.getLogger(__name__)
 
 class Sequences(Protocol):
     """A dataset of token sequences, as TextFeed reads it (probe.data.text.corpus,
-    probe.data.tokens)."""
+    probe.data.tokens, probe.data.text.chat, probe.data.text.words).
+
+    Two members are optional: ``length_key``, the key that bounds a sample's tokens (default
+    ``max_length``: what a message tells the user to set), and ``bookkeeping() -> {name:
+    DatasetSpec}``, its datasets of one row per sample, filled from the items'
+    ``sample_columns``.
+    """
 
     label_column: str | None  # where the targets come from; None: no targets
     max_length: int | None  # the most tokens a sample feeds the model; None: not bounded
@@ -79,6 +86,7 @@ class TextFeed(Feed):
         lengths are known before the run, unless the corpus is read as it comes: then its
         max_length must be within the positions)."""
         positions, longest = limits.positions, dataset.max_length
+        key = getattr(dataset, "length_key", "max_length")
         if isinstance(selection, OpenSelection):
             if positions is not None and (longest is None or longest > positions):
                 raise ConfigError(
@@ -94,7 +102,7 @@ class TextFeed(Feed):
                 raise ConfigError(
                     f"dataset sample {sample} has {int(lengths[over[0]])} tokens, beyond the "
                     f"{positions} positions of {limits.model} ({len(over)} of {len(lengths)} "
-                    f"are); set dataset.max_length={positions} (or less) to cut them")
+                    f"are); set dataset.{key}={positions} (or less) to cut them")
         if limits.vocabulary is not None and selection:
             found = dataset.first_id_outside(limits.vocabulary, selection)
             if found is not None:
@@ -179,10 +187,13 @@ class TextFeed(Feed):
             rows[DOCUMENT] = torch.cat([item["document"][item["keep"]] for item in items])
         for name in items[0].get("columns", {}):  # a value per token (a conversation's roles)
             rows[name] = torch.cat([item["columns"][name][item["keep"]] for item in items])
+        sample_rows = {name: np.array([item["sample_columns"][name] for item in items],
+                                      dtype=object)  # strings (a story's file) as h5py wants
+                       for name in items[0].get("sample_columns", {})}
         return Batch(index, torch.tensor([item["target"] for item in items], dtype=torch.int64),
                      {"input_ids": ids, "attention_mask": real.long()},
                      layout=Positions(keep, rows, answer_fill=items[0].get("answer_fill", {})),
-                     skipped=skipped)
+                     sample_rows=sample_rows, skipped=skipped)
 
     def stored_positions(self, dataset: Sequences, selection: Selection) -> np.ndarray | None:
         """The token rows each sample stores (None when read as it comes: not known before)."""
@@ -194,9 +205,11 @@ class TextFeed(Feed):
         return dataset.max_length
 
     def bookkeeping(self, dataset: Sequences) -> dict[str, DatasetSpec]:
-        """None per sample: each token row's id and position (and, for packed windows, its
-        document) come with the batch's layout."""
-        return {}
+        """The dataset's own per sample, where it has any (a story window's /file); each token
+        row's id and position (and, for packed windows, its document) come with the batch's
+        layout."""
+        own = getattr(dataset, "bookkeeping", None)  # optional (see Sequences)
+        return {} if own is None else own()
 
     def attrs(self, dataset: Sequences) -> dict:
         return dataset.describe()

@@ -172,7 +172,7 @@ def _positive(value, key: str):
         raise ConfigError(f"dataset.{key}={value!r} must be seconds, a number above 0") \
             from None
     if seconds <= 0:
-        raise ConfigError(f"dataset.{key}={value} must be seconds, a number above 0")
+        raise ConfigError(f"dataset.{key}={float(value):g} must be seconds, a number above 0")
     return seconds
 
 

@@ -147,8 +147,9 @@ class FrameSource:
 
         if self._container is None:
             self._container = av.open(str(self.path))
+            # frames decoded on several threads (set before the codec opens)
+            self._container.streams.video[0].thread_type = "AUTO"
         stream = self._container.streams.video[0]
-        stream.thread_type = "AUTO"
         self._container.seek(self.header.pts[index], stream=stream, backward=True,
                              any_frame=False)
         self._frames = self._container.decode(stream)
