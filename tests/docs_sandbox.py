@@ -6,7 +6,7 @@ the real ids, so that ``model.name=gpt2`` loads offline as the docs show it.
     tiny-clip.json  chats.jsonl  chatml.jinja
     gpt2, facebook/dinov2-with-registers-small, google/vit-base-patch16-224,
     openai/clip-vit-base-patch32, facebook/wav2vec2-base, facebook/wav2vec2-base-960h,
-    llava-hf/llava-1.5-7b-hf, Qwen/Qwen2-VL-2B-Instruct
+    llava-hf/llava-1.5-7b-hf, Qwen/Qwen2-VL-2B-Instruct, MCG-NJU/videomae-base
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ __all__ = ["make_sandbox", "HUB_IDS"]
 
 HUB_IDS = ("gpt2", "facebook/dinov2-with-registers-small", "google/vit-base-patch16-224",
            "openai/clip-vit-base-patch32", "facebook/wav2vec2-base",
-           "facebook/wav2vec2-base-960h", "llava-hf/llava-1.5-7b-hf", "Qwen/Qwen2-VL-2B-Instruct")
+           "facebook/wav2vec2-base-960h", "llava-hf/llava-1.5-7b-hf", "Qwen/Qwen2-VL-2B-Instruct",
+           "MCG-NJU/videomae-base")
 _TINY_CLIP = {"embed_dim": 16,
               "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "patch_size": 8,
                              "head_width": 16},
@@ -42,6 +43,7 @@ def make_sandbox(root: Path) -> Path:
     from tests.tiny_audio import ctc_tokenizer, tiny_wav2vec2, tone, write_wav
     from tests.tiny_text import documents, tiny_gpt2, write_jsonl
     from tests.tiny_vision import CAPTIONS, tiny_clip, tiny_dinov2, tiny_vit
+    from tests.tiny_video import tiny_videomae
     from tests.tiny_vlm import tiny_vlm
 
     root.mkdir(parents=True, exist_ok=True)
@@ -84,7 +86,8 @@ def make_sandbox(root: Path) -> Path:
             ("facebook/wav2vec2-base-960h",
              lambda d: ctc_tokenizer(tiny_wav2vec2(d, head="ctc"))),
             ("llava-hf/llava-1.5-7b-hf", lambda d: tiny_vlm("llava", d)),
-            ("Qwen/Qwen2-VL-2B-Instruct", lambda d: tiny_vlm("qwen2_vl", d))):
+            ("Qwen/Qwen2-VL-2B-Instruct", lambda d: tiny_vlm("qwen2_vl", d)),
+            ("MCG-NJU/videomae-base", tiny_videomae)):
         _cache(hub_id, make(Path(made) / hub_id.replace("/", "--")))
     return root
 

@@ -2,7 +2,8 @@
 a .csv/.jsonl list with a column of paths.
 
 - ``listed_in_folder``: one subfolder per class, as ``dataset=imagefolder``; the targets are
-  the class indices (sorted names), the names the root attr ``classes``;
+  the class indices (sorted names), the names the root attr ``classes``; a folder without
+  subfolders gives its own files, without classes;
 - ``listed_in_file``: a .csv or .jsonl file with a column of paths (relative to the file's
   folder, or absolute) and, optionally, a column of labels (integers, or names numbered in
   sorted order) and columns of text.
@@ -43,15 +44,19 @@ class Listing:
 
 def listed_in_folder(root: Path, suffixes: tuple[str, ...], what: str) -> Listing:
     """The files of ``root``'s class subfolders whose suffix is one of ``suffixes``
-    (``what``: the files, in messages: "sound files").
+    (``what``: the files, in messages: "sound files"); or, for a folder without subfolders,
+    its own such files, without classes (a folder of films).
 
     Raises:
-        DataError: no such folder, no class subfolders, or no such files in them.
+        DataError: no such folder, or no such files in it or in its class subfolders.
     """
     if not root.is_dir():
         raise DataError(f"dataset.root={str(root)!r}: no such folder")
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
     if not classes:
+        flat = sorted(p for p in root.iterdir() if p.suffix.lower() in suffixes)
+        if flat:
+            return Listing(root, flat)
         raise DataError(f"dataset.root={str(root)!r} has no class subfolders; put each class's "
                         "files in root/<class>/, or list them in a csv with dataset.path")
     paths, targets = [], []

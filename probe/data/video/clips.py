@@ -104,6 +104,7 @@ class VideoDataset(Dataset):
                         for h, f in zip(self.headers, self.files, strict=True)]
         self.starts = np.cumsum([0] + [len(w) for w in self.windows])
         self._sources: dict[int, FrameSource] = {}
+        self._decoded = 0  # frames decoded by the decoders closed so far
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -131,7 +132,7 @@ class VideoDataset(Dataset):
     @property
     def decoded_frames(self) -> int:
         """Frames decoded so far in this process (every file's)."""
-        return sum(source.decoded for source in self._sources.values())
+        return self._decoded + sum(source.decoded for source in self._sources.values())
 
     def describe(self) -> dict:
         """Root attrs that say how the videos became windows."""
@@ -154,7 +155,9 @@ class VideoDataset(Dataset):
         # one file's decoder at a time: a run asks for the windows in file order
         if file not in self._sources:
             for other in list(self._sources):
-                self._sources.pop(other).close()
+                closed = self._sources.pop(other)
+                self._decoded += closed.decoded
+                closed.close()
             self._sources[file] = FrameSource(self.paths[file], self.files[file],
                                               self.headers[file],
                                               [w.frames for w in self.windows[file]])
@@ -162,7 +165,7 @@ class VideoDataset(Dataset):
 
     def __getstate__(self) -> dict:
         # a loader worker opens its own decoders
-        return {**self.__dict__, "_sources": {}}
+        return {**self.__dict__, "_sources": {}, "_decoded": 0}
 
 
 def _positive(value, key: str):

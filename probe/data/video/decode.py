@@ -96,6 +96,7 @@ class FrameSource:
         self.decoded = 0  # frames decoded, for the tests and the benchmark
         self._container = None
         self._frames = None
+        self._rgb = None  # one converter to RGB for the file: made anew per frame, it is slow
         self._next = 0  # the index of the next frame the decoder gives
 
     def take(self, window: int) -> np.ndarray:
@@ -129,7 +130,7 @@ class FrameSource:
                 self.decoded += 1
                 self._next = index + 1
                 if index in needed or self.last_use.get(index, -1) > window:
-                    self.held[index] = frame.to_ndarray(format="rgb24")
+                    self.held[index] = self._rgb.reformat(frame, format="rgb24").to_ndarray()
                     needed.discard(index)
         except StopIteration:
             raise DataError(f"{self.name} ended before frame {min(needed)} that its packets "
@@ -146,7 +147,10 @@ class FrameSource:
         import av
 
         if self._container is None:
+            from av.video.reformatter import VideoReformatter
+
             self._container = av.open(str(self.path))
+            self._rgb = VideoReformatter()
             # frames decoded on several threads (set before the codec opens)
             self._container.streams.video[0].thread_type = "AUTO"
         stream = self._container.streams.video[0]
