@@ -42,8 +42,8 @@ def make_sandbox(root: Path) -> Path:
     """The sandbox's files in ``root``, and the stand-ins in the Hub cache ($HF_HOME)."""
     from tests.tiny_audio import ctc_tokenizer, tiny_wav2vec2, tone, write_wav
     from tests.tiny_text import documents, tiny_gpt2, write_jsonl
-    from tests.tiny_vision import CAPTIONS, tiny_clip, tiny_dinov2, tiny_vit
     from tests.tiny_video import tiny_videomae
+    from tests.tiny_vision import CAPTIONS, tiny_clip, tiny_dinov2, tiny_vit
     from tests.tiny_vlm import tiny_vlm
 
     root.mkdir(parents=True, exist_ok=True)
