@@ -549,3 +549,17 @@ def test_positions_of_a_sample_over_several_rows_pool_as_one(how):
             "last": torch.stack([p[-1] for p in per_sample]),
             "mean": torch.stack([p.mean(0) for p in per_sample])}[how]
     torch.testing.assert_close(got, want)
+
+
+def test_frames_and_clips_know_their_time(make_cfg, wav2vec2, clips):
+    path = probe.run(audio_cfg(make_cfg, wav2vec2, f"dataset.root={clips}",
+                               "layers=[encoder.layers.0]", "batch_size=3"))
+    with probe.open(path) as f:
+        rate = f.attrs["frame_rate"]
+        np.testing.assert_array_equal(f["onset"][:], f["positions"][:] / rate)
+        assert f["onset"].shape == f["positions"].shape  # one per frame row
+        lengths = {p.name: len(read_wav(p)[0]) / read_wav(p)[1] for p in _files(clips)}
+        np.testing.assert_allclose(
+            f["duration"][:], [lengths[name.split("/")[-1]] for name in
+                               f["file"][:].astype(str)])
+        assert f["onset"].dtype == np.float64 and list(f["duration"].attrs["dims"]) == ["sample"]

@@ -54,6 +54,8 @@ ELSEWHERE: dict[str, str] = {
     ".ci/run": "CI itself",
     "h5ls": "tests/test_other_readers.py",
     "h5dump": "tests/test_other_readers.py",
+    "dataset.root=films": "docs/movies-and-stories.md runs it on films it makes (pytest -m docs)",
+    "targets=bold.npy tr=1.49": "docs/movies-and-stories.md runs it on voxels it simulates",
 }
 
 
