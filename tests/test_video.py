@@ -193,7 +193,7 @@ def test_a_torchvision_video_model_reads_its_own_clips(make_cfg, movies, tmp_pat
 
 def _video_run(model, movies, *extra):
     return ("model=transformers", f"model.name={model}", "dataset=video",
-            f"dataset.root={movies}", "dataset.clip_seconds=1.0", "dataset.step_seconds=0.2",
+            f"dataset.root={movies}", "dataset.clip_seconds=1.0", "dataset.step_seconds=0.4",
             "layers=[encoder.layer.1]", "tokens=mean", *extra)
 
 

@@ -96,12 +96,14 @@ def test_tokens_are_the_texts_and_take_their_words_onsets(words_cfg, lm):
 
 def test_stride_one_rows_equal_the_context_that_ends_at_each_token(words_cfg, lm):
     model, _, ids = lm
-    path = probe.run(words_cfg("dataset.context_tokens=8", "dataset.context_stride=1"))
+    # the first 12 windows (of len(ids) - 7): the first owns 8 tokens, each later one its last
+    path = probe.run(words_cfg("dataset.context_tokens=8", "dataset.context_stride=1",
+                               "limit=12", "batch_size=12"))
     with probe.open(path) as f:
         rows, positions = f[f"{LAYER}/output"][:], f["positions"][:]
-        assert f.num_rows == len(ids) - 7
-    np.testing.assert_array_equal(positions, np.minimum(np.arange(len(ids)), 7))
-    for t in range(len(ids)):
+        assert f.num_rows == 12 and len(rows) == 8 + 11
+    np.testing.assert_array_equal(positions, np.minimum(np.arange(len(rows)), 7))
+    for t in range(len(rows)):
         want = _hidden(model, ids[max(0, t - 7):t + 1])[-1]
         np.testing.assert_allclose(rows[t], want, rtol=1e-5, atol=1e-5, err_msg=f"token {t}")
 
