@@ -1,8 +1,8 @@
 """Video files cut into time windows: ``dataset=video dataset.root=<folder>`` or
 ``dataset=video dataset.path=videos.csv``; each window is one sample.
 
-Files are listed as sound clips are (probe.data.listing: a folder of class subfolders, or a
-.csv/.jsonl list with a ``column`` of paths and an optional ``label_column``), demuxed by PyAV
+Files are listed as sound clips are (probe.data.listing: a folder of films or of class
+subfolders, or a .csv/.jsonl list with a ``column`` of paths and an optional ``label_column``), demuxed by PyAV
 before the run to learn every frame's time (no pixels are decoded for that), and cut into
 windows by the frame rule of probe.data.video.windows (``clip_seconds``, ``step_seconds``,
 ``frames``, ``align``). A window's frames, decoded by probe.data.video.decode, go through the
