@@ -14,20 +14,17 @@ processor in transformers and whose main input is a clip of frames.
 
 from __future__ import annotations
 
-import json
-
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
 from probe.data.feed import Batch, DataKind, Feed
 from probe.data.layouts import PatchGrid, RowLayout
-from probe.errors import DataError
 from probe.families.base import Family
 from probe.families.hf_attention import eager_patterns
 from probe.families.hf_heads import attention_heads
 from probe.families.hf_vision import prefix_tokens
-from probe.families.hub import place, source_of
+from probe.families.hub import ProcessorTransform, place, source_of
 
 __all__ = ["VideoFamily", "VideoProcessorTransform", "VIDEO", "is_video"]
 
@@ -35,24 +32,18 @@ __all__ = ["VideoFamily", "VideoProcessorTransform", "VIDEO", "is_video"]
 _TIME_LAST = ("timesformer",)
 
 
-class VideoProcessorTransform:
+class VideoProcessorTransform(ProcessorTransform):
     """A checkpoint's ``AutoVideoProcessor`` as the transform of ``dataset=video``: a
     window's (frames, H, W, 3) uint8 frames in, the (frames, 3, h, w) ``pixel_values`` the
-    processor makes out; ``frames`` is how many the model takes. Picklable, for loader
-    workers."""
+    processor makes out; ``frames`` is how many the model takes."""
+
+    auto, what = "AutoVideoProcessor", "video"
+    fix = "save one beside the weights (e.g. VideoMAEVideoProcessor(...).save_pretrained(folder))"
 
     def __init__(self, name: str):
-        from transformers import AutoConfig, AutoVideoProcessor
+        from transformers import AutoConfig
 
-        self.name = name
-        try:
-            self.processor = AutoVideoProcessor.from_pretrained(source_of(name))
-        except (OSError, ValueError) as err:
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise DataError(
-                f"model.name={name!r} has no video processor that AutoVideoProcessor can load "
-                f"({first}); save one beside the weights (e.g. VideoMAEVideoProcessor(...)."
-                "save_pretrained(folder))") from None
+        super().__init__(name)
         config = AutoConfig.from_pretrained(source_of(name))
         found = getattr(config, "num_frames", None) or getattr(config, "frames_per_clip", None)
         self.frames = None if found is None else int(found)
@@ -61,12 +52,6 @@ class VideoProcessorTransform:
         # the processor samples no frames of its own: the window's frame rule chose them
         made = self.processor(videos=[frames], return_tensors="pt", do_sample_frames=False)
         return made[next(iter(made))][0]
-
-    def __repr__(self) -> str:
-        settings = {k: v for k, v in self.processor.to_dict().items()
-                    if k not in ("video_processor_type", "processor_class")}
-        return (f"{type(self.processor).__name__}.from_pretrained({self.name!r}) "
-                f"{json.dumps(settings, sort_keys=True, default=str)}")
 
 
 def is_video(cls: type) -> bool:

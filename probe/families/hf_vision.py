@@ -18,7 +18,6 @@ builds them; a checkpoint's main input (``pixel_values``) or its two towers send
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
@@ -29,43 +28,26 @@ from torch import nn
 from probe.config.schema import Reduce
 from probe.data.feed import Batch, DataKind, Feed
 from probe.data.layouts import PatchGrid, RowLayout
-from probe.errors import DataError
 from probe.families import towers as two_towers
 from probe.families.base import Family, graph_from
 from probe.families.hf_attention import eager_patterns
 from probe.families.hf_heads import attention_heads
-from probe.families.hub import place, source_of
+from probe.families.hub import ProcessorTransform, place
 
 __all__ = ["VisionFamily", "TwoTowerFamily", "ImageProcessorTransform", "VISION", "TWO_TOWERS",
            "is_two_tower", "vision_layout", "prefix_tokens"]
 
 
-class ImageProcessorTransform:
+class ImageProcessorTransform(ProcessorTransform):
     """A checkpoint's ``AutoImageProcessor`` as a dataset transform: a PIL image (or array) in,
-    the (3, H, W) ``pixel_values`` that the processor makes out. Picklable, for loader
-    workers."""
+    the (3, H, W) ``pixel_values`` that the processor makes out."""
 
-    def __init__(self, name: str):
-        from transformers import AutoImageProcessor
-
-        self.name = name
-        try:
-            self.processor = AutoImageProcessor.from_pretrained(source_of(name))
-        except (OSError, ValueError) as err:
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise DataError(
-                f"model.name={name!r} has no image processor that AutoImageProcessor can load "
-                f"({first}); save one beside the weights (e.g. ViTImageProcessor(...)."
-                "save_pretrained(folder)), or use dataset.transform=imagenet") from None
+    auto, what = "AutoImageProcessor", "image"
+    fix = ("save one beside the weights (e.g. ViTImageProcessor(...).save_pretrained(folder)), "
+           "or use dataset.transform=imagenet")
 
     def __call__(self, image) -> torch.Tensor:
         return self.processor(images=image, return_tensors="pt")["pixel_values"][0]
-
-    def __repr__(self) -> str:
-        settings = {k: v for k, v in self.processor.to_dict().items()
-                    if k not in ("image_processor_type", "processor_class")}
-        return (f"{type(self.processor).__name__}.from_pretrained({self.name!r}) "
-                f"{json.dumps(settings, sort_keys=True, default=str)}")
 
 
 class VisionFamily(Family):

@@ -5,6 +5,7 @@ devices, the checkpoint's tokenizer, and the objectives of class logits.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -13,8 +14,8 @@ from torch import nn
 
 from probe.errors import ConfigError, DataError
 
-__all__ = ["HEADS", "source_of", "tokenizer_of", "unavailable", "head_of", "require_head", "place",
-           "required_logits", "target", "CaptionTokenizer"]
+__all__ = ["HEADS", "ProcessorTransform", "source_of", "tokenizer_of", "unavailable", "head_of",
+           "require_head", "place", "required_logits", "target", "CaptionTokenizer"]
 
 log = logging.getLogger(__name__)
 
@@ -177,3 +178,30 @@ class CaptionTokenizer:
 
     def __repr__(self) -> str:
         return f"{type(self.tokenizer).__name__}({self.name!r}, max_length={self.max_length})"
+
+
+class ProcessorTransform:
+    """A checkpoint's own processor, loaded by transformers' ``auto`` class from the model's
+    folder or Hub id, as a dataset transform; a subclass says how it is called. Picklable, for
+    loader workers; its repr (recorded in the file's ``transform`` attr) holds its settings."""
+
+    auto: str  # the transformers class that loads it: "AutoImageProcessor"
+    what: str  # what it processes, in messages and its config's type key: "image"
+    fix: str  # what to do where the checkpoint has none
+
+    def __init__(self, name: str):
+        import transformers
+
+        self.name = name
+        try:
+            self.processor = getattr(transformers, self.auto).from_pretrained(source_of(name))
+        except (OSError, ValueError) as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise DataError(f"model.name={name!r} has no {self.what} processor that {self.auto} "
+                            f"can load ({first}); {self.fix}") from None
+
+    def __repr__(self) -> str:
+        settings = {k: v for k, v in self.processor.to_dict().items()
+                    if k not in (f"{self.what}_processor_type", "processor_class")}
+        return (f"{type(self.processor).__name__}.from_pretrained({self.name!r}) "
+                f"{json.dumps(settings, sort_keys=True, default=str)}")

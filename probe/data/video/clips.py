@@ -2,13 +2,14 @@
 ``dataset=video dataset.path=videos.csv``; each window is one sample.
 
 Files are listed as sound clips are (probe.data.listing: a folder of films or of class
-subfolders, or a .csv/.jsonl list with a ``column`` of paths and an optional ``label_column``), demuxed by PyAV
-before the run to learn every frame's time (no pixels are decoded for that), and cut into
-windows by the frame rule of probe.data.video.windows (``clip_seconds``, ``step_seconds``,
-``frames``, ``align``). A window's frames, decoded by probe.data.video.decode, go through the
-model's own video processor (``transform``: transformers' video processors, torchvision's
-video transforms; probe.families passes the model's with ``transform=auto``), or, for a model
-without one, become a (3, frames, height, width) float tensor in [0, 1].
+subfolders, or a .csv/.jsonl list with a ``column`` of paths and an optional
+``label_column``), demuxed by PyAV before the run to learn every frame's time (no pixels are
+decoded for that), and cut into windows by the frame rule of probe.data.video.windows
+(``clip_seconds``, ``step_seconds``, ``frames``, ``align``). A window's frames, decoded by
+probe.data.video.decode, go through the model's own video processor (``transform``:
+transformers' video processors, torchvision's video transforms; probe.families passes the
+model's with ``transform=auto``), or, for a model without one, become a (3, frames, height,
+width) float tensor in [0, 1].
 
 Item ``i`` is window ``i``, windows in file order, each file's in time order:
 ``{"video", "file", "target", "onset", "duration"}``: ``onset`` is the window's time point in
@@ -31,7 +32,7 @@ from torch.utils.data import Dataset
 from probe.data.listing import listed_in_file, listed_in_folder
 from probe.data.video.decode import FrameSource, probe_video
 from probe.data.video.feed import VideoFeed
-from probe.data.video.windows import Align, Window, exact, windows_of
+from probe.data.video.windows import Align, exact, windows_of
 from probe.errors import ConfigError
 
 __all__ = ["VideoDataset", "plain_frames"]
@@ -123,11 +124,6 @@ class VideoDataset(Dataset):
         """(file, window of that file) of sample ``index``."""
         file = bisect.bisect_right(self.starts, index) - 1
         return file, index - int(self.starts[file])
-
-    def window(self, index: int) -> Window:
-        """Sample ``index``'s window: its time point, start and frames."""
-        file, window = self.locate(index)
-        return self.windows[file][window]
 
     @property
     def decoded_frames(self) -> int:

@@ -33,7 +33,6 @@ class VideoHeader:
     end: Fraction
     rate: Fraction
     pts: list[int]
-    size: tuple[int, int]  # (height, width)
 
 
 def probe_video(path: Path, name: str) -> VideoHeader:
@@ -56,7 +55,6 @@ def probe_video(path: Path, name: str) -> VideoHeader:
                     ticks.append(int(packet.pts))
                     last = packet
             rate = stream.average_rate or stream.guessed_rate
-            size = (int(stream.codec_context.height), int(stream.codec_context.width))
     except DataError:
         raise
     except Exception as err:  # FFmpeg's errors: not a video, truncated, unknown codec
@@ -72,7 +70,7 @@ def probe_video(path: Path, name: str) -> VideoHeader:
     times = [Fraction(t - ticks[0]) * base for t in ticks]  # from the first frame's time
     # the video lasts until its last frame's own time is over
     tail = Fraction(last.duration) * base if last.duration else 1 / rate
-    return VideoHeader(times, times[-1] + tail, rate, ticks, size)
+    return VideoHeader(times, times[-1] + tail, rate, ticks)
 
 
 class FrameSource:

@@ -41,12 +41,11 @@ class Align(Enum):
 
 @dataclass(frozen=True)
 class Window:
-    """One window of one video: its time point and start in seconds, and the frames it
-    takes, as indices into the video's frames in presentation order (0 also stands for the
-    copies of the first frame before 0 s)."""
+    """One window of one video: its time point in seconds, and the frames it takes, as
+    indices into the video's frames in presentation order (0 also stands for the copies of
+    the first frame before 0 s)."""
 
     onset: Fraction  # the window's time point
-    start: Fraction
     frames: tuple[int, ...]
 
 
@@ -75,8 +74,7 @@ def windows_of(times: list[Fraction], end: Fraction, rate: Fraction, clip: Fract
         start = onset - before
         if start + clip > end:
             return found
-        found.append(Window(onset, start, _taken(times, start, start + clip, rate, frames,
-                                                 name)))
+        found.append(Window(onset, _taken(times, start, start + clip, rate, frames, name)))
         k += 1
 
 
