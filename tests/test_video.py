@@ -251,6 +251,9 @@ def _short(root):
     (_short, ["dataset.step_seconds=0"], ConfigError,
      r"^dataset.step_seconds=0 must be seconds, a number above 0$"),
     (lambda root: root.mkdir(), [], DataError, r"has no class subfolders"),
+    (_short, ["dataset.path=videos.csv"], ConfigError,
+     r"^dataset=video needs one of dataset.root \(a folder of files, or of one subfolder per "
+     r"class\) or dataset.path"),
 ])
 def test_bad_video_input_is_one_line_and_no_file(make_cfg, videomae, tmp_path, make, extra,
                                                  error, message):
@@ -261,6 +264,15 @@ def test_bad_video_input_is_one_line_and_no_file(make_cfg, videomae, tmp_path, m
                            f"dataset.root={root}", "layers=[encoder.layer.1]", *extra))
     assert "\n" not in str(failed.value)
     assert no_h5_files(tmp_path)
+
+
+def test_a_folder_of_films_without_classes(movies, tmp_path):
+    from probe.data.video.clips import VideoDataset
+
+    write_video(tmp_path / "films/one.mkv", 25, FPS)
+    data = VideoDataset(root=str(tmp_path / "films"), clip_seconds=1.0, frames=4,
+                        transform=raw_frames)
+    assert data.files == ["one.mkv"] and not data.has_targets and data[0]["target"] == -1
 
 
 def test_a_video_model_refuses_other_data_in_one_line(make_cfg, videomae, tmp_path):

@@ -20,7 +20,7 @@ import numpy as np
 
 from probe.errors import ConfigError, DataError
 
-__all__ = ["Listing", "listed_in_folder", "listed_in_file", "relative"]
+__all__ = ["Listing", "listed", "listed_in_folder", "listed_in_file", "relative"]
 
 LISTS = (".csv", ".jsonl")
 
@@ -42,6 +42,27 @@ class Listing:
         return [relative(p, self.base) for p in self.paths]
 
 
+def listed(kind: str, root: str | None, path: str | None, suffixes: tuple[str, ...],
+           column: str, label_column: str | None, text_columns: dict[str, str | None],
+           what: str, unit: str) -> Listing:
+    """The files of ``dataset=<kind>``: those of the folder ``root`` (``listed_in_folder``)
+    or those the list ``path`` names (``listed_in_file``), exactly one of the two given.
+
+    Raises:
+        ConfigError: neither or both of root and path; and what the two raise.
+    """
+    if (root is None) == (path is None):
+        raise ConfigError(f"dataset={kind} needs one of dataset.root (a folder of files, or of "
+                          "one subfolder per class) or dataset.path (a .csv or .jsonl list of "
+                          "files)")
+    if root is not None:
+        return listed_in_folder(Path(root).expanduser(), suffixes, what)
+    return listed_in_file(Path(path).expanduser(), str(column),
+                          None if label_column is None else str(label_column),
+                          {k: None if v is None else str(v) for k, v in text_columns.items()},
+                          unit)
+
+
 def listed_in_folder(root: Path, suffixes: tuple[str, ...], what: str) -> Listing:
     """The files of ``root``'s class subfolders whose suffix is one of ``suffixes``
     (``what``: the files, in messages: "sound files"); or, for a folder without subfolders,
@@ -57,8 +78,9 @@ def listed_in_folder(root: Path, suffixes: tuple[str, ...], what: str) -> Listin
         flat = sorted(p for p in root.iterdir() if p.suffix.lower() in suffixes)
         if flat:
             return Listing(root, flat)
-        raise DataError(f"dataset.root={str(root)!r} has no class subfolders; put each class's "
-                        "files in root/<class>/, or list them in a csv with dataset.path")
+        raise DataError(f"dataset.root={str(root)!r} has no class subfolders and no {what} of "
+                        "its own; put the files in it (each class's in root/<class>/), or list "
+                        "them in a csv with dataset.path")
     paths, targets = [], []
     for target, name in enumerate(classes):
         found = sorted(p for p in (root / name).rglob("*") if p.suffix.lower() in suffixes)

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from pathlib import Path
 
 import numpy as np
 from torch.utils.data import Dataset
 
 from probe.data.audio.feed import AudioFeed
 from probe.data.feed import bad_sample
-from probe.data.listing import listed_in_file, listed_in_folder
+from probe.data.listing import listed
 from probe.errors import ConfigError, DataError
 
 __all__ = ["AudioDataset"]
@@ -64,24 +63,14 @@ class AudioDataset(Dataset):
         self.extractor_name = _required(feature_extractor)
         self.extractor = _extractor(self.extractor_name)
         self.sampling_rate = int(self.extractor.sampling_rate)
-        if (root is None) == (path is None):
-            raise ConfigError("dataset=audio needs one of dataset.root (a folder with one "
-                              "subfolder per class) or dataset.path (a .csv or .jsonl list of "
-                              "files)")
-        self.transcripts: list[str] | None = None
-        if root is not None:
-            if transcript_column is not None:
-                raise ConfigError("dataset.transcript_column is a column of dataset.path; a "
-                                  "dataset.root folder has none: list the clips in a csv")
-            listing = listed_in_folder(Path(root).expanduser(), _SUFFIXES, "sound files")
-            self.source = str(root)
-        else:
-            listing = listed_in_file(Path(path).expanduser(), str(column),
-                                     None if label_column is None else str(label_column),
-                                     {"transcript_column": None if transcript_column is None
-                                      else str(transcript_column)}, "clips")
-            self.transcripts = listing.texts.get(str(transcript_column))
-            self.source = str(path)
+        if root is not None and path is None and transcript_column is not None:
+            raise ConfigError("dataset.transcript_column is a column of dataset.path; a "
+                              "dataset.root folder has none: list the clips in a csv")
+        listing = listed("audio", root, path, _SUFFIXES, column, label_column,
+                         {"transcript_column": transcript_column}, "sound files", "clips")
+        self.transcripts = (None if transcript_column is None
+                            else listing.texts.get(str(transcript_column)))
+        self.source = str(root if root is not None else path)
         self.base, self.paths = listing.base, listing.paths
         self.targets, self.classes = listing.targets, listing.classes
         self.files = listing.files

@@ -23,13 +23,12 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from probe.data.listing import listed_in_file, listed_in_folder
+from probe.data.listing import listed
 from probe.data.video.decode import FrameSource, probe_video
 from probe.data.video.feed import VideoFeed
 from probe.data.video.windows import Align, exact, windows_of
@@ -74,15 +73,8 @@ class VideoDataset(Dataset):
         except ImportError:
             raise ConfigError("dataset=video needs PyAV: pip install 'probe[video]'") from None
         self.decoder = f"PyAV {av.__version__}"
-        if (root is None) == (path is None):
-            raise ConfigError("dataset=video needs one of dataset.root (a folder with one "
-                              "subfolder per class) or dataset.path (a .csv or .jsonl list of "
-                              "files)")
-        listing = (listed_in_folder(Path(root).expanduser(), _SUFFIXES, "video files")
-                   if root is not None else
-                   listed_in_file(Path(path).expanduser(), str(column),
-                                  None if label_column is None else str(label_column), {},
-                                  "videos"))
+        listing = listed("video", root, path, _SUFFIXES, column, label_column, {},
+                         "video files", "videos")
         self.source = str(root if root is not None else path)
         self.base, self.paths, self.files = listing.base, listing.paths, listing.files
         self.targets, self.classes = listing.targets, listing.classes
