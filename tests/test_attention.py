@@ -151,7 +151,8 @@ def test_the_listing_marks_the_attention_modules(make_cfg, tiny_lm, corpus):
     rows = {row[0]: row for row in layer_table(_text_cfg(make_cfg, tiny_lm, corpus,
                                                          "transformer.h.0"))[1]}
     assert rows["transformer.h.0.attn/attention"][1:] == ("2 heads", f"(2, {LONGEST})",
-                                                          f"{2 * LONGEST * 4} B")
+                                                          f"{2 * LONGEST * 4} B",
+                                                          "blocks.0.attention/attention")
     assert "transformer.h.0.mlp/attention" not in rows
 
 

@@ -156,8 +156,10 @@ def test_layers_lists_the_token_layout_and_patch_shapes(make_cfg, folders, tmp_p
     notes, table = layer_table(make_cfg(
         "model=transformers", f"model.name={folders['dinov2']}", "tokens=patches"))
     rows = {row[0]: row for row in table}
-    assert notes == ["token layout: 21 tokens = 5 class/register token(s) + 4x4 patches; "
-                     "tokens=patches stores (features, 4, 4)"]
+    assert notes[0] == ("token layout: 21 tokens = 5 class/register token(s) + 4x4 patches; "
+                        "tokens=patches stores (features, 4, 4)")
+    assert notes[1].startswith("standard names of dinov2_with_registers (a run stores them "
+                               "under these names): blocks.0-1;")
     assert rows["encoder.layer.1"][2] == "(32, 4, 4)"
     clip = tiny_clip(tmp_path / "clip")
     rows = {row[0]: row for row in layer_table(make_cfg(

@@ -201,6 +201,9 @@ class ProbeConfig:
     reduce_by_layer: Any = None
     # forward-only runs stop each forward pass once every hooked module has run (false: run it all)
     stop_early: bool = True
+    # check, on the dry run's sample, that the standard layer names hooked (blocks.6, lm_head)
+    # are the modules they name (probe.families.hf_verify); false skips it, and the file says so
+    verify: bool = True
     # auto | cpu | cuda | cuda:N | mps
     device: str = "auto"
     batch_size: int = 16

@@ -9,7 +9,8 @@ differs.
                   ``output_lengths``, ``input_limits``, ``forward``, ``generate``,
                   ``patterns``, ``heads``, ``logits``, ``objective``, ``example_batch``
     Checks        data and layers the model cannot take: ``reads``, ``towers``, ``check``,
-                  ``refusal``
+                  ``refusal``; the standard layer names and the checks that they hold:
+                  ``names``, ``verify``
 
 Every method is given the built model (in eval mode), except the preprocessing, which is
 found from the model's config alone (no model is built for it).
@@ -31,6 +32,7 @@ from probe.config.schema import GenerateConfig, Reduce
 from probe.data.feed import Batch, DataKind, Feed, ModelLimits
 from probe.data.layouts import RowLayout
 from probe.errors import ConfigError
+from probe.families.names import StandardNames
 
 __all__ = ["Builds", "Preprocesses", "FeedsAndReads", "Checks", "Family", "Answers", "made_of",
            "first_tensor", "graph_from", "top1", "target", "class_logits"]
@@ -163,6 +165,21 @@ class Checks(Protocol):
         """The line for data of a kind the model does not read: what it reads, and the
         dataset to give it."""
 
+    def names(self, model: nn.Module) -> StandardNames | None:
+        """What the standard layer names (``blocks.6``, ``lm_head``: probe.families.names)
+        mean for this model; None where the family has none."""
+
+    def verify(self, model: nn.Module, batch: Batch, hooked: Mapping[str, str],
+               attention: bool) -> dict[str, str]:
+        """The per-run checks of the standard names that a run hooks (``hooked``: name ->
+        module path; ``attention``: whether it stores attention patterns), on the dry run's
+        ``batch`` on the device: each check -> its verdict in words ({} where the family
+        checks nothing).
+
+        Raises:
+            ConfigError: a check that fails, naming the architecture and the check.
+        """
+
 
 class Family:
     """Any nn.Module that maps a tensor to (N, classes) logits; families override what differs
@@ -252,6 +269,13 @@ class Family:
     def check(self, model: nn.Module, feed: Feed, reduces: Mapping[str, Reduce]) -> None:
         if feed.kind not in self.reads:
             raise ConfigError(self.refusal(model, feed))
+
+    def names(self, model: nn.Module) -> StandardNames | None:
+        return None
+
+    def verify(self, model: nn.Module, batch: Batch, hooked: Mapping[str, str],
+               attention: bool) -> dict[str, str]:
+        return {}
 
     def refusal(self, model: nn.Module, feed: Feed) -> str:
         kinds = ", ".join(kind.value for kind in self.reads)

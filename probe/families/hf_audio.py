@@ -25,6 +25,8 @@ from probe.data.feed import Batch, DataKind, Feed
 from probe.errors import ConfigError
 from probe.families.base import Family
 from probe.families.hf_attention import eager_patterns
+from probe.families.hf_names import hf_names
+from probe.families.hf_verify import verify_run
 from probe.families.hub import require_head, required_logits, target
 from probe.file.format import TRANSCRIPT
 
@@ -40,6 +42,8 @@ class AudioFamily(Family):
 
     name = "transformers-audio"
     patterns = staticmethod(eager_patterns)  # hooks=[attention] (probe.families.hf_attention)
+    names = staticmethod(hf_names)  # blocks.6, lm_head, ... (probe.families.hf_names)
+    verify = staticmethod(verify_run)  # the checks of those (probe.families.hf_verify)
     libraries = ("transformers",)
     reads = (DataKind.audio,)
 

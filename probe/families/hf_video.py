@@ -23,6 +23,8 @@ from probe.data.layouts import PatchGrid, RowLayout
 from probe.families.base import Family
 from probe.families.hf_attention import eager_patterns
 from probe.families.hf_heads import attention_heads
+from probe.families.hf_names import hf_names
+from probe.families.hf_verify import verify_run
 from probe.families.hf_vision import prefix_tokens
 from probe.families.hub import ProcessorTransform, place, source_of
 
@@ -70,6 +72,8 @@ class VideoFamily(Family):
 
     name = "transformers-video"
     patterns = staticmethod(eager_patterns)  # hooks=[attention] (probe.families.hf_attention)
+    names = staticmethod(hf_names)  # blocks.6, lm_head, ... (probe.families.hf_names)
+    verify = staticmethod(verify_run)  # the checks of those (probe.families.hf_verify)
     heads = staticmethod(attention_heads)  # do: heads (probe.families.hf_heads)
     libraries = ("transformers",)
     reads = (DataKind.video,)

@@ -32,6 +32,8 @@ from probe.families import towers as two_towers
 from probe.families.base import Family, graph_from
 from probe.families.hf_attention import eager_patterns
 from probe.families.hf_heads import attention_heads
+from probe.families.hf_names import hf_names
+from probe.families.hf_verify import verify_run
 from probe.families.hub import ProcessorTransform, place
 
 __all__ = ["VisionFamily", "TwoTowerFamily", "ImageProcessorTransform", "VISION", "TWO_TOWERS",
@@ -56,6 +58,8 @@ class VisionFamily(Family):
 
     name = "transformers-vision"
     patterns = staticmethod(eager_patterns)  # hooks=[attention] (probe.families.hf_attention)
+    names = staticmethod(hf_names)  # blocks.6, lm_head, ... (probe.families.hf_names)
+    verify = staticmethod(verify_run)  # the checks of those (probe.families.hf_verify)
     heads = staticmethod(attention_heads)  # do: heads (probe.families.hf_heads)
     libraries = ("transformers",)
     reads = (DataKind.tensors,)
@@ -89,6 +93,8 @@ class TwoTowerFamily(Family):
 
     name = "transformers-two-tower"
     patterns = staticmethod(eager_patterns)  # hooks=[attention] (probe.families.hf_attention)
+    names = staticmethod(hf_names)  # blocks.6, lm_head, ... (probe.families.hf_names)
+    verify = staticmethod(verify_run)  # the checks of those (probe.families.hf_verify)
     libraries = ("transformers",)
     towers = MappingProxyType({"vision": ("vision_model", "visual_projection"),
                                "text": ("text_model", "text_projection")})

@@ -38,6 +38,8 @@ from probe.families.base import Family, graph_from
 from probe.families.hf_attention import eager_patterns
 from probe.families.hf_generation import generate, nll, top1
 from probe.families.hf_heads import attention_heads
+from probe.families.hf_names import hf_names
+from probe.families.hf_verify import verify_run
 from probe.families.hf_vision import vision_layout
 from probe.families.hub import place, source_of, tokenizer_of
 from probe.file.format import INPUT_IDS, MODALITY, PATCH, POSITIONS
@@ -143,6 +145,8 @@ class VisionLanguageFamily(Family):
     reads = (DataKind.pairs,)
     towers = PARTS  # the listing's column: which part a layer belongs to
     patterns = staticmethod(eager_patterns)  # hooks=[attention] (probe.families.hf_attention)
+    names = staticmethod(hf_names)  # blocks.6, lm_head, ... (probe.families.hf_names)
+    verify = staticmethod(verify_run)  # the checks of those (probe.families.hf_verify)
     heads = staticmethod(attention_heads)  # do: heads (probe.families.hf_heads)
     place = staticmethod(place)  # a device map may spread the model (probe.families.hub)
 

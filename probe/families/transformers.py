@@ -30,7 +30,9 @@ from probe.families.base import Family, graph_from
 from probe.families.hf_attention import eager_patterns
 from probe.families.hf_generation import generate, nll, top1
 from probe.families.hf_heads import attention_heads
+from probe.families.hf_names import hf_names
 from probe.families.hf_seq2seq import refuse_decoder_layers, refuse_generation, with_decoder_start
+from probe.families.hf_verify import verify_run
 from probe.families.hub import (
     HEADS,
     CaptionTokenizer,
@@ -165,6 +167,8 @@ class TransformersFamily(Family):
 
     name = "transformers"
     patterns = staticmethod(eager_patterns)  # hooks=[attention] (probe.families.hf_attention)
+    names = staticmethod(hf_names)  # blocks.6, lm_head, ... (probe.families.hf_names)
+    verify = staticmethod(verify_run)  # the checks of those (probe.families.hf_verify)
     libraries = ("transformers",)
     reads = (DataKind.text,)
     place = staticmethod(place)  # a device map may spread the model (probe.families.hub)

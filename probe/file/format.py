@@ -99,8 +99,12 @@ class Attr:
     TOKENS = "tokens"  # how token layouts became rows: all, first, last, mean, patches
     INTERVENTIONS = "interventions"  # JSON: the run's interventions, as resolved (+intervene=)
     INTERVENTION_FINGERPRINT = "intervention_fingerprint"  # their digest (vectors, sources)
+    ARCHITECTURE = "architecture"  # what the standard names were resolved for (model_type)
+    MODULES = "modules"  # JSON: each hooked standard name -> its module's path
+    VERIFIED = "verified"  # JSON: each per-run check -> its verdict (probe.families.hf_verify)
     # each "<layer>/<kind>" dataset
     LAYER = "layer"
+    MODULE = "module"  # a standard name's dataset: the path of the module it resolved to
     HOOK = "hook"
     KIND = "kind"
     REDUCE = "reduce"

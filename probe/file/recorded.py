@@ -21,7 +21,7 @@ __all__ = ["NEUTRAL_KEYS", "MOVED_TARGETS", "ADDED_KEYS", "QUIET_DEFAULTS", "rec
 # values of these. conf/config.yaml leaves the same keys out of the run folder's name (a test
 # holds the two lists equal).
 NEUTRAL_KEYS = ("batch_size", "batch_tokens", "bucket_by_length", "num_workers", "device",
-                "stop_early", "output.path",
+                "stop_early", "verify", "output.path",
                 "output.overwrite", "output.commit_every", "output.commit_seconds",
                 "output.check_free_space", "output.file_locking", "output.fidelity_rows")
 
@@ -53,8 +53,8 @@ ADDED_KEYS = {"reduce_components": None, "reduce_fit_samples": 256,
 
 # keys added after 0.2 that a file records only where set: a run that leaves them at their
 # default writes the config that 0.2 wrote
-QUIET_DEFAULTS = {"intervene": None, "reduce_components": None, "reduce_fit_samples": 256,
-                  "output.fidelity_rows": 256, **_STORY_KEYS}
+QUIET_DEFAULTS = {"intervene": None, "verify": True, "reduce_components": None,
+                  "reduce_fit_samples": 256, "output.fidelity_rows": 256, **_STORY_KEYS}
 
 
 def recorded_config(values: dict, prefix: str = "") -> dict:

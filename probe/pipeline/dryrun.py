@@ -61,7 +61,7 @@ def dry_run(capture: Capture, family, feed, batches: list[Batch], device: torch.
     for n, batch in enumerate(batches):
         # The first pass runs the whole model and counts how often each hooked module runs;
         # later ones only need the hooked modules' shapes.
-        dry = Capture(capture.model, capture.layers, capture.kinds, dtype=capture.dtype,
+        dry = Capture(capture.model, capture.paths, capture.kinds, dtype=capture.dtype,
                       stop_early=n > 0, family=family, dry=True)
         if n > 0:
             dry.arm(found.calls, found.where)

@@ -54,7 +54,8 @@ def attach(model: nn.Module, layers: Iterable[str],
 
     Args:
         model: the model; its mode and parameters are left as they are.
-        layers: module names or globs, as in the ``layers`` config key.
+        layers: module names, globs or standard names (``blocks.6``), as in the ``layers``
+            config key.
         hooks: capture kinds, by their names in ``hooks=`` (forward, forward_pre, backward,
             backward_input, ...) or as objects (probe.pipeline.kinds).
         reduce: none, mean, max (over the axes after the channel axis) or flatten.
@@ -91,7 +92,15 @@ class Capture:
                  dtype: torch.dtype | None = None, stop_early: bool = False,
                  family: Family | None = None, dry: bool = False):
         self.model = model
-        self.layers = resolve_layers(model, layers)
+        if family is None:
+            from probe.families.registry import family_for  # the one lookup of a family
+
+            family = family_for(None, model)
+        # each hooked layer by the name its datasets take -> its module's path (a standard
+        # name's, or the path itself); a mapping given is taken as resolved already
+        self.paths = dict(layers) if isinstance(layers, Mapping) else resolve_layers(
+            model, layers, family.names(model))
+        self.layers = list(self.paths)
         self.kinds = capture_kinds(hooks)
         # layer -> how its values are reduced where no transform says otherwise
         self.reduces = resolve_reduces(self.layers, reduce, reduce_by_layer)
@@ -134,6 +143,8 @@ class Capture:
         reduce = self.reduces[layer] if transform is None else transform.reduce
         attrs = {Attr.LAYER: layer, Attr.HOOK: own.hook, Attr.KIND: kind,
                  Attr.REDUCE: reduce.name}
+        if self.paths[layer] != layer:  # a standard name: the module it resolved to
+            attrs[Attr.MODULE] = self.paths[layer]
         if (self.calls or {}).get(layer, 1) > 1:
             attrs[Attr.CALL] = call
         if self.dtype is not None:
@@ -178,7 +189,7 @@ class Capture:
 
     def __enter__(self) -> Capture:
         modules = dict(self.model.named_modules())
-        target = Target(self.model, {layer: modules[layer] for layer in self.layers},
+        target = Target(self.model, {layer: modules[path] for layer, path in self.paths.items()},
                         self._family)
         self._checks = []  # kept after the block: a pass taken after it is checked too
         try:

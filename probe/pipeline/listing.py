@@ -92,7 +92,9 @@ def layer_table(cfg: DictConfig) -> tuple[list[str], list[tuple[str, ...]]]:
                     human_bytes(_row_bytes(pattern, config.output.dtype, 1)))
             rows.append((f"{info.name}/attention", f"{attention[info.name][0]} heads",
                          str(pattern), size, *tower))
-    notes = [layout.describe()]
+    names = family.names(model)
+    rows = _with_standard_names(rows, names)
+    notes = [layout.describe(), _names_note(names)]
     most, exact = compute.positions(None if layout.lengths is None else
                                     layout.lengths.numpy())
     if most is not None and not exact:
@@ -100,6 +102,33 @@ def layer_table(cfg: DictConfig) -> tuple[list[str], list[tuple[str, ...]]]:
     notes.extend(_compact_notes(config))
     notes.extend(_interventions(cfg, config, model, family))
     return [note for note in notes if note], rows
+
+
+def _with_standard_names(rows: list[tuple[str, ...]], names) -> list[tuple[str, ...]]:
+    """The rows with a last column of each module's standard name (probe.families.names),
+    where the model has them."""
+    if names is None or names.refused is not None:
+        return rows
+    standard = {path: name for name, path in names.table().items()}
+    widened = [(*rows[0], "standard name")]
+    for row in rows[1:]:
+        path, _, kind = row[0].partition("/")
+        name = standard.get(path, "")
+        widened.append((*row, f"{name}/{kind}" if name and kind else name))
+    return widened
+
+
+def _names_note(names) -> str:
+    if names is None:
+        return ""
+    if names.refused is not None:
+        return f"standard names: none; {names.refused}"
+    stacks = ", ".join(f"{prefix + '.' if prefix else ''}blocks.0-{stack_depth - 1}"
+                       for prefix in names.stacks
+                       if (stack_depth := names.depth(prefix)))
+    return (f"standard names of {names.architecture} (a run stores them under these names): "
+            f"{stacks}; blocks.-1 is the last block, blocks.50% the one half-way, blocks.* "
+            "every one")
 
 
 def _interventions(cfg: DictConfig, config, model: nn.Module, family: Family) -> list[str]:

@@ -19,6 +19,7 @@ from torch import nn
 
 from probe.errors import ConfigError
 from probe.families.base import first_tensor
+from probe.families.names import StandardNames, is_standard
 
 __all__ = ["resolve_layers", "match_layers", "is_glob", "describe_layers", "LayerInfo",
            "lays_channels_first", "frozen_parameters"]
@@ -26,14 +27,20 @@ __all__ = ["resolve_layers", "match_layers", "is_glob", "describe_layers", "Laye
 _GLOB_CHARS = set("*?[")
 
 
-def resolve_layers(model: nn.Module, patterns: Iterable[str]) -> list[str]:
-    """Module names matching ``patterns``, in the model's module order, without repeats.
+def resolve_layers(model: nn.Module, patterns: Iterable[str],
+                   names: StandardNames | None = None) -> dict[str, str]:
+    """The layers that ``patterns`` name, each by the name its datasets take -> its module's
+    path, in the model's module order (standard names in depth order after them), without
+    repeats.
 
-    A pattern is a name as ``model.named_modules()`` gives it (``features.28``) or a shell-style
-    glob over those names (``features.2*``, ``layer4.*``).
+    A pattern is a name as ``model.named_modules()`` gives it (``features.28``), a shell-style
+    glob over those names (``features.2*``, ``layer4.*``), or a standard name
+    (``blocks.6``, ``blocks.*``, ``blocks.50%``, ``lm_head``: probe.families.names) that
+    ``names`` resolves for this model; a module that the model names so itself wins.
 
     Raises:
-        ConfigError: no patterns, or a pattern that matches no module.
+        ConfigError: no patterns, a pattern that matches no module, or a standard name the
+            model has no part for.
     """
     patterns = [str(p) for p in patterns]
     if not patterns:
@@ -41,15 +48,28 @@ def resolve_layers(model: nn.Module, patterns: Iterable[str]) -> list[str]:
             "layers is empty; name at least one module, e.g. 'layers=[features.28]' "
             "(python -m probe.layers model=<model> lists them)"
         )
-    names = [name for name, _ in model.named_modules() if name]
+    paths = [name for name, _ in model.named_modules() if name]
     chosen: set[str] = set()
+    standard: dict[str, str] = {}
     for pattern in patterns:
-        hits = match_layers(names, pattern)
-        if not hits:
-            raise ConfigError(_unknown_layer_message(pattern, names))
-        chosen.update(hits)
-    return [name for name in names if name in chosen]
-
+        hits = match_layers(paths, pattern)
+        if hits:
+            chosen.update(hits)
+        elif is_standard(pattern):
+            if names is None:
+                raise ConfigError(f"{pattern} is a standard name, which {type(model).__name__}'s "
+                                  "family does not resolve (Hugging Face models' does); name "
+                                  "its modules by path (python -m probe.layers lists them)")
+            standard.update(names.expand(pattern))
+        else:
+            raise ConfigError(_unknown_layer_message(pattern, paths))
+    found = {path: path for path in paths if path in chosen}
+    for name, path in standard.items():
+        twice = next((other for other, hooked in found.items() if hooked == path), None)
+        if twice is not None:
+            raise ConfigError(f"layers names {path} twice, as {twice} and as {name}; keep one")
+        found[name] = path
+    return found
 
 def match_layers(names: Iterable[str], pattern: str) -> list[str]:
     """The names equal to ``pattern``, or matching it as a shell-style glob, in order."""

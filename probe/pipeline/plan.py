@@ -176,7 +176,8 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     capture = Capture(model, config.layers, kinds, reduce=config.reduce,
                       reduce_by_layer=config.reduce_by_layer, dtype=out.dtype.torch,
                       stop_early=config.stop_early, family=family)
-    family.check(model, feed, capture.reduces)
+    family.check(model, feed, {capture.paths[layer]: reduce  # by the modules' own paths
+                               for layer, reduce in capture.reduces.items()})
     compute = pass_for(config, cfg.model, family, model, capture, objective)
     if interventions:
         compute = Intervened(compute, interventions)
@@ -199,13 +200,16 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
     shown = dry_run(capture, family, feed, batches, device, objective,
                     around=interventions.rehearsing)
     dry_run_seconds = time.perf_counter() - started
+    # the standard names hooked are the modules they name (before the first write)
+    verified = _verified(config, family, model, capture, batches[0].to(device))
     layout = compute.rows(shown.layout)  # the layout of the rows stored
     layout.check(shown.plain, capture.needs_grad)
     modules = dict(model.named_modules())
     transforms = transforms_for(
         shown.shapes, shown.axes, shown.follows, capture.reduces, layout=layout,
         pool=config.tokens, dtype=out.dtype.torch,
-        channels_first={layer for layer in capture.layers if lays_channels_first(modules[layer])},
+        channels_first={layer for layer, path in capture.paths.items()
+                        if lays_channels_first(modules[path])},
         longest=feed.longest(dataset), components=config.reduce_components)
     capture.arm(shown.calls, shown.where, transforms)
     compute.rehearse(batches[0].to(device))
@@ -246,7 +250,8 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
             output.check_space(estimated)
     if interventions:
         log.info("interventions: %s", "; ".join(interventions.touched()))
-    attrs = {**_root_attrs(config, capture, shown, objective_name), **feed.attrs(dataset),
+    attrs = {**_root_attrs(config, capture, shown, objective_name), **verified,
+             **feed.attrs(dataset),
              **({Attr.INTERVENTIONS: json.dumps(interventions.record())} if interventions
                 else {}),
              **library_versions(), **{key: dumps(value) for key, value in fingerprints.items()}}
@@ -260,6 +265,23 @@ def plan(cfg: DictConfig, *, model: nn.Module | None = None,
                 num_positions=None if positions is None or counted else int(positions.sum()),
                 most_positions=None if positions is None else int(positions.sum()),
                 estimated_bytes=estimated, dry_run_seconds=dry_run_seconds)
+
+
+def _verified(config: ProbeConfig, family: Family, model: nn.Module, capture: Capture,
+              batch) -> dict:
+    """The root attrs of the standard names hooked: the architecture they were resolved for,
+    each one's module, and the verdicts of the family's checks on the dry run's ``batch``."""
+    standard = {name: path for name, path in capture.paths.items() if name != path}
+    if not standard:
+        return {}
+    names = family.names(model)
+    if not config.verify:
+        verdicts = {"skipped": "verify=false"}
+    else:
+        attention = any(kind.hook == "attention" for kind in capture.kinds)
+        verdicts = family.verify(model, batch, capture.paths, attention)
+    return {Attr.ARCHITECTURE: names.architecture, Attr.MODULES: json.dumps(standard),
+            Attr.VERIFIED: json.dumps(verdicts)}
 
 
 _LARGE_ROWS = 1 << 20  # bytes per sample of rows padded to the longest, above which the plan warns
