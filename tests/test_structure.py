@@ -36,7 +36,7 @@ ALLOWED = {
 }
 FLOORS = list(ALLOWED)
 # what python -m probe.<command> runs; each only calls into probe.commands
-ENTRY_POINTS = {"__main__", "layers", "merge", "fit", "gradcam", "compare", "encode",
+ENTRY_POINTS = {"__main__", "layers", "merge", "fit", "gradcam", "compare", "encode", "verify",
                 "export"}
 MODULES = {p: ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
            for p in sorted(PACKAGE.rglob("*.py"))}

@@ -8,10 +8,11 @@
     python -m probe.compare    probe.commands.compare   CKA and RSA between stored keys
     python -m probe.encode     probe.commands.encode    ridge encoding models of stored keys
     python -m probe.export     probe.commands.export    a file in the next tool's format
+    python -m probe.verify     probe.commands.verify    a checkpoint checked against itself
 
 Everything here parses, calls the library and prints; the library never imports it. A user
-error (a ProbeError, or Hydra's refusal of the command line: probe.commands.overrides) is one
-line and status 1; a run stopped by a signal says so and exits with 128 + the signal.
+error (a ProbeError, or Hydra's refusal: probe.commands.overrides) is one line and status 1;
+a run stopped by a signal says so and exits with 128 + the signal.
 """
 
 from __future__ import annotations

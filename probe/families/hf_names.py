@@ -44,10 +44,17 @@ def register_names(model_type: str, names: Callable[[nn.Module], StandardNames])
 
 def hf_names(model: nn.Module) -> StandardNames:
     """The standard names of a Hugging Face model (see the module's docstring)."""
+    return _REGISTERED.get(_architecture(model), _read)(model)
+
+
+def _architecture(model: nn.Module) -> str:
     config = getattr(model, "config", None)
-    architecture = str(getattr(config, "model_type", None) or type(model).__name__)
-    if architecture in _REGISTERED:
-        return _REGISTERED[architecture](model)
+    return str(getattr(config, "model_type", None) or type(model).__name__)
+
+
+def _read(model: nn.Module) -> StandardNames:
+    """The standard names read from the model's structure."""
+    architecture = _architecture(model)
     paths = _paths(model)
     roots = _roots(model, paths)
     if isinstance(roots, str):

@@ -147,9 +147,12 @@ class StandardNames:
             named = " or ".join(f"{p}.{pattern}" for p in have)
             return (f"{pattern} on {self.architecture}, an encoder-decoder: name the stack, "
                     f"{named}")
-        if not have:
-            return (f"{pattern} on {self.architecture}: it has one stack, not an {prefix}; "
-                    f"name it without the prefix, {pattern.removeprefix(prefix + '.')}")
+        if prefix == "vision":
+            return f"{pattern} on {self.architecture}: it has no vision tower"
+        if "" in self.stacks:
+            return (f"{pattern} on {self.architecture}: it has one stack of blocks, not an "
+                    "encoder and a decoder; name it without the prefix, "
+                    f"{pattern.removeprefix(prefix + '.')}")
         return (f"{pattern} on {self.architecture}: it has no {prefix}; its stacks are "
                 f"{', '.join(have)}")
 

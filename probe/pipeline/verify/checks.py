@@ -1,0 +1,201 @@
+"""Each check of probe.verify: a run of probe on the texts, its rows read back sample by sample
+and compared with the model computed alone (probe.pipeline.verify.oracle)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+from torch import nn
+
+from probe.config.compose import compose
+from probe.data.feed import DataKind
+from probe.errors import ConfigError, ProbeError
+from probe.families.build import build_model
+from probe.families.registry import family_for
+from probe.file.format import Attr
+from probe.pipeline.execute import execute
+from probe.pipeline.plan import plan
+from probe.pipeline.verify.oracle import gradient_alone, outputs_alone, patterns_alone
+
+__all__ = ["CHECKS", "Verdict", "run_checks"]
+
+CHECKS = ("names", "forward", "attention", "generation", "gradients")
+_NEW = 4  # tokens a generation check answers with
+_RTOL = 1e-4  # of the largest value the model computed: float32 sums in another order
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one check found: ``outcome`` pass, wrong, refused or n/a, and ``detail``."""
+
+    outcome: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.outcome}: {self.detail}" if self.detail else self.outcome
+
+
+class _Wrong(Exception):
+    """A row that differs from the model's own."""
+
+
+@dataclass
+class _Session:
+    overrides: list[str]
+    model: nn.Module
+    folder: Path
+    stack: str  # "encoder." for an encoder-decoder (its encoder is what text runs), else ""
+
+    def run(self, name: str, *extra: str) -> Path:
+        cfg = compose([*self.overrides, *extra, f"output.path={self.folder / name}.h5",
+                       "output.overwrite=true"])
+        return execute(plan(cfg, model=self.model))
+
+    def paths(self, names_of: dict[str, str], pattern: str) -> dict[str, str]:
+        """Standard name -> module path for the names ``pattern`` (a glob) gives."""
+        import fnmatch
+
+        return {n: p for n, p in names_of.items() if fnmatch.fnmatchcase(n, pattern)}
+
+
+def run_checks(overrides: list[str], texts: Sequence[str], folder: Path) -> dict[str, Verdict]:
+    """Every check's verdict (see probe.pipeline.verify)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus = folder / "texts.jsonl"
+    corpus.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    overrides = [*overrides, "dataset=text", f"dataset.path={corpus}", "batch_size=3",
+                 "hooks=[forward]", "tokens=all", "reduce=none", "output.dtype=float32"]
+    base = compose(overrides)
+    model = build_model(base)
+    family = family_for(base.model, model)
+    if DataKind.text not in family.reads:
+        raise ConfigError(f"probe.verify checks language models for now; "
+                          f"{type(model).__name__} reads {family.reads[0].value}")
+    names = family.names(model)
+    if names is None or names.refused is not None:
+        why = "its family has no standard names" if names is None else names.refused
+        return dict.fromkeys(CHECKS, Verdict("refused", why))
+    session = _Session(overrides, model, folder,
+                       "encoder." if "encoder" in names.stacks else "")
+    table = names.table()
+    verdicts = {}
+    for check in (_forward, _attention, _generation, _gradients):
+        try:
+            verdicts.update(check(session, table))
+        except _Wrong as wrong:
+            verdicts[check.__name__.strip("_")] = Verdict("wrong", str(wrong))
+        except ProbeError as err:
+            refused = Verdict("wrong" if str(err).startswith("verify:") else "refused",
+                              str(err))
+            verdicts[check.__name__.strip("_")] = refused
+            if check is _forward:
+                verdicts["names"] = refused
+    return {check: verdicts.get(check, Verdict("n/a")) for check in CHECKS}
+
+
+def _samples(path: Path, *keys: str) -> list[dict[str, np.ndarray]]:
+    with h5py.File(path) as f:
+        bounds = f["offsets"][:]
+        columns = {key: f[key][:] for key in ("input_ids", *keys) if key in f}
+    return [{key: value[a:b] for key, value in columns.items()}
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def _compare(what: str, ours: np.ndarray, theirs: np.ndarray) -> float:
+    """The largest difference, relative to the largest value the model gave.
+
+    Raises:
+        _Wrong: a shape or a value that differs.
+    """
+    if ours.shape != theirs.shape:
+        raise _Wrong(f"{what} is {ours.shape}, the model's {theirs.shape}")
+    scale = max(float(np.abs(theirs).max(initial=0)), 1e-12)
+    difference = float(np.abs(ours - theirs).max(initial=0)) / scale
+    if difference > _RTOL:
+        raise _Wrong(f"{what} differs from the model's by {difference:.2g} of its largest "
+                     "value")
+    return difference
+
+
+def _forward(session: _Session, table: dict[str, str]) -> dict[str, Verdict]:
+    blocks = session.paths(table, f"{session.stack}blocks.[0-9]*")
+    blocks = {n: p for n, p in blocks.items() if n.count(".") == session.stack.count(".") + 1}
+    path = session.run("forward", f"layers=[{session.stack}blocks.*]")
+    with h5py.File(path) as f:
+        said = json.loads(f.attrs[Attr.VERIFIED])
+    worst = 0.0
+    for n, sample in enumerate(_samples(path, *(f"{name}/output" for name in blocks))):
+        alone, _ = outputs_alone(session.model, sample["input_ids"], list(blocks.values()))
+        for name, module in blocks.items():
+            worst = max(worst, _compare(f"{name}'s rows of text {n}", sample[f"{name}/output"],
+                                        alone[module]))
+    return {"names": Verdict("pass", "; ".join(v.removeprefix("pass: ") for v in said.values())),
+            "forward": Verdict("pass", f"{len(blocks)} blocks, within {worst:.1g}")}
+
+
+def _attention(session: _Session, table: dict[str, str]) -> dict[str, Verdict]:
+    modules = session.paths(table, f"{session.stack}blocks.*.attention")
+    if not modules:
+        return {"attention": Verdict("n/a", "its blocks compute no attention")}
+    path = session.run("attention", f"layers=[{session.stack}blocks.*.attention]",
+                       "hooks=[attention]")
+    worst = 0.0
+    for n, sample in enumerate(_samples(path, *(f"{name}/attention" for name in modules))):
+        alone = patterns_alone(session.model, sample["input_ids"], list(modules.values()))
+        length = len(sample["input_ids"])
+        for name, module in modules.items():
+            if module not in alone:
+                raise _Wrong(f"the eager model gives no weights of {module}")
+            rows = sample[f"{name}/attention"]  # (queries, heads, padded keys)
+            if rows[:, :, length:].any():
+                raise _Wrong(f"{name}'s rows of text {n} have weight beyond its last key")
+            worst = max(worst, _compare(f"{name}'s pattern of text {n}",
+                                        rows[:, :, :length].transpose(1, 0, 2), alone[module]))
+    return {"attention": Verdict("pass", f"{len(modules)} modules, within {worst:.1g}")}
+
+
+def _generation(session: _Session, table: dict[str, str]) -> dict[str, Verdict]:
+    model = session.model
+    if not (hasattr(model, "can_generate") and model.can_generate()):
+        return {"generation": Verdict("n/a", "the model has no language-model head")}
+    middle = f"{session.stack.replace('encoder.', 'decoder.')}blocks.50%"
+    path = session.run("generation", f"layers=[{middle}]", f"generate.max_new_tokens={_NEW}")
+    with h5py.File(path) as f:
+        module = json.loads(f.attrs[Attr.MODULES])[middle]
+        generated = f["generated"][:]
+        bounds = f["offsets"][:]
+    worst = 0.0
+    for n, sample in enumerate(_samples(path, f"{middle}/output")):
+        ids = sample["input_ids"]
+        alone, logits = outputs_alone(model, ids, [module])
+        worst = max(worst, _compare(f"{middle}'s rows of answer {n}", sample[f"{middle}/output"],
+                                    alone[module]))
+        new = generated[bounds[n]:bounds[n + 1]]
+        prompt = int((~new).sum())
+        greedy = logits[prompt - 1:-1].argmax(-1)
+        if not (greedy == ids[prompt:]).all():
+            raise _Wrong(f"answer {n} is {ids[prompt:].tolist()}, the teacher-forced argmax "
+                         f"{greedy.tolist()}")
+    return {"generation": Verdict("pass", f"{_NEW} greedy tokens a prompt, rows within "
+                                          f"{worst:.1g}")}
+
+
+def _gradients(session: _Session, table: dict[str, str]) -> dict[str, Verdict]:
+    model = session.model
+    objective = "nll" if hasattr(model, "can_generate") and model.can_generate() else "top1"
+    middle = f"{session.stack}blocks.50%"
+    path = session.run("gradients", f"layers=[{middle}]", "hooks=[backward]",
+                       f"objective={objective}")
+    with h5py.File(path) as f:
+        module = json.loads(f.attrs[Attr.MODULES])[middle]
+    worst = 0.0
+    for n, sample in enumerate(_samples(path, f"{middle}/grad_output")):
+        alone = gradient_alone(model, sample["input_ids"], module, objective)
+        worst = max(worst, _compare(f"{middle}'s gradient of text {n}",
+                                    sample[f"{middle}/grad_output"], alone))
+    return {"gradients": Verdict("pass", f"d {objective} / d {middle}, within {worst:.1g}")}

@@ -1,0 +1,96 @@
+"""The model computed the plain way, one sample at a time and without padding: what each of
+probe.verify's checks compares probe's rows with. Nothing of probe's runs here: hooks of its
+own on the modules, transformers' own eager attention, torch.autograd.grad.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["outputs_alone", "patterns_alone", "gradient_alone"]
+
+
+def _inputs(model: nn.Module, ids: Sequence[int]) -> dict:
+    tensor = torch.as_tensor(np.asarray(ids), dtype=torch.long)[None]
+    inputs = {"input_ids": tensor, "attention_mask": torch.ones_like(tensor)}
+    config = model.config
+    if getattr(config, "is_encoder_decoder", False):  # the decoder on its start token alone
+        start = config.decoder_start_token_id
+        start = config.pad_token_id if start is None else start
+        inputs["decoder_input_ids"] = torch.full((1, 1), int(start or 0), dtype=torch.long)
+    return inputs
+
+
+@contextmanager
+def _kept(model: nn.Module, paths: Sequence[str], pick: Callable) -> Iterator[dict]:
+    """For the block, what ``pick(output)`` gives of each module at ``paths`` (first call)."""
+    modules = dict(model.named_modules())
+    seen: dict[str, object] = {}
+
+    def keep(path):
+        def hook(module, args, output):
+            seen.setdefault(path, pick(output))
+        return hook
+
+    handles = [modules[path].register_forward_hook(keep(path)) for path in paths]
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _first(output):
+    return output if isinstance(output, torch.Tensor) else next(
+        item for item in output if isinstance(item, torch.Tensor))
+
+
+def outputs_alone(model: nn.Module, ids: Sequence[int], paths: Sequence[str]
+                  ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """Each module's output (positions, ...) and the logits (positions, vocabulary) of one
+    forward pass over ``ids`` alone."""
+    with _kept(model, paths, _first) as seen, torch.no_grad():
+        output = model(**_inputs(model, ids))
+    logits = getattr(output, "logits", None)
+    return ({path: value[0].float().numpy() for path, value in seen.items()},
+            None if logits is None else logits[0].float().numpy())
+
+
+def patterns_alone(model: nn.Module, ids: Sequence[int], paths: Sequence[str]
+                   ) -> dict[str, np.ndarray]:
+    """The post-softmax weights (heads, queries, keys) of each attention module at ``paths``
+    in the model run with transformers' eager attention and ``output_attentions``, on
+    ``ids`` alone; the model's implementation is restored after."""
+    before = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        def weights(output):
+            found = [item for item in output[1:] if isinstance(item, torch.Tensor)
+                     and item.dim() == 4] if isinstance(output, tuple) else []
+            return found[0] if found else None
+
+        with _kept(model, paths, weights) as seen, torch.no_grad():
+            model(**_inputs(model, ids), output_attentions=True)
+    finally:
+        model.set_attn_implementation(before)
+    return {path: value[0].float().numpy() for path, value in seen.items()
+            if value is not None}
+
+
+def gradient_alone(model: nn.Module, ids: Sequence[int], path: str, objective: str
+                   ) -> np.ndarray:
+    """d objective / d the output of the module at ``path`` (positions, ...), on ``ids``
+    alone: ``nll``, the mean next-token loss; ``top1``, the largest logit at the last
+    token."""
+    with _kept(model, [path], _first) as seen, torch.enable_grad():
+        logits = model(**_inputs(model, ids)).logits[0].float()
+        targets = torch.as_tensor(np.asarray(ids), dtype=torch.long)
+        value = (nn.functional.cross_entropy(logits[:-1], targets[1:]) if objective == "nll"
+                 else logits[-1].max())
+        (grad,) = torch.autograd.grad(value, seen[path])
+    return grad[0].float().numpy()
