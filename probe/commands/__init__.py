@@ -10,9 +10,8 @@
     python -m probe.export     probe.commands.export    a file in the next tool's format
     python -m probe.verify     probe.commands.verify    a checkpoint checked against itself
 
-Everything here parses, calls the library and prints; the library never imports it. A user
-error (a ProbeError, or Hydra's refusal: probe.commands.overrides) is one line and status 1;
-a run stopped by a signal says so and exits with 128 + the signal.
+Everything here parses, calls the library and prints (the library never imports it); a user
+error (a ProbeError, or Hydra's refusal) is one line and status 1, a stopped run's 128 + signal.
 """
 
 from __future__ import annotations
