@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import replace
 
 from torch import nn
 
@@ -234,3 +235,20 @@ def _final_norm(root: nn.Module, blocks: list[nn.Module], paths: dict[int, str])
             if "final" in name.lower():
                 named_final = paths[id(child)]
     return named_final
+
+
+def _without_final_norm(why: str) -> Callable[[nn.Module], StandardNames]:
+    """A reading of the structure that names no final norm, for ``why``."""
+    def read(model: nn.Module) -> StandardNames:
+        found = _read(model)
+        stacks = {prefix: replace(stack, singles={**stack.singles, "final_norm": None},
+                                  missing={**stack.missing, "final_norm": why})
+                  for prefix, stack in found.stacks.items()}
+        return replace(found, stacks=stacks)
+    return read
+
+
+# the architectures whose structure reads wrongly, each found by the per-run checks
+register_names("deberta-v2", _without_final_norm(
+    "its encoder's LayerNorm norms the relative-position embeddings, and its blocks end with "
+    "their own norm"))

@@ -30,8 +30,9 @@ def with_decoder_start(model: nn.Module, inputs: dict) -> dict:
     if not is_encoder_decoder(model) or "decoder_input_ids" in inputs:
         return inputs
     ids = inputs["input_ids"]
-    start = model.config.decoder_start_token_id
-    start = model.config.pad_token_id if start is None else start
+    # a config may leave the start token out (T5's falls back on its padding token)
+    start = getattr(model.config, "decoder_start_token_id", None)
+    start = getattr(model.config, "pad_token_id", None) if start is None else start
     return {**inputs, "decoder_input_ids": torch.full((len(ids), 1), int(start or 0),
                                                      dtype=torch.long, device=ids.device)}
 

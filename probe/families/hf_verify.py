@@ -138,10 +138,16 @@ def _blocks(names: StandardNames, prefix: str, output, seen: dict) -> dict[str, 
     if len(states) != depth + 1:
         raise _fail(names, f"{head}blocks", f"{depth} blocks, but output_hidden_states has "
                     f"{len(states)} states (the embeddings' and one per block)")
-    for n, path in enumerate(stack.blocks[:-1]):
-        if not _same(seen.get(path), states[n + 1].float()):
-            raise _fail(names, f"{head}blocks", f"{head}blocks.{n} ({path})'s output is not "
-                        f"hidden_states[{n + 1}]")
+    # hidden_states[k] is block k - 1's output (after the embeddings' own), or, where the
+    # model records each block's output alone (Mamba), block k's
+    offset = next((offset for offset in (1, 0) if all(
+        _same(seen.get(path), states[n + offset].float())
+        for n, path in enumerate(stack.blocks[:-1]))), None)
+    if offset is None:
+        n = next(n for n, path in enumerate(stack.blocks[:-1])
+                 if not _same(seen.get(path), states[n + 1].float()))
+        raise _fail(names, f"{head}blocks", f"{head}blocks.{n} ({stack.blocks[n]})'s output "
+                    f"is not hidden_states[{n + 1}]")
     verdicts = {}
     last, final = seen.get(stack.blocks[-1]), states[-1].float()
     norm = stack.singles.get("final_norm")
@@ -153,8 +159,9 @@ def _blocks(names: StandardNames, prefix: str, output, seen: dict) -> dict[str, 
     else:
         raise _fail(names, f"{head}blocks", f"the last block ({stack.blocks[-1]})'s output is "
                     f"neither hidden_states[{depth}] nor {head}final_norm's input")
-    verdicts[f"{head}blocks"] = (f"pass: blocks.0-{depth - 2} are hidden_states[1-{depth - 1}]; "
-                                 f"{said}") if depth > 1 else f"pass: {said}"
+    first = f"hidden_states[{offset}-{depth - 2 + offset}]"
+    verdicts[f"{head}blocks"] = (f"pass: blocks.0-{depth - 2} are {first}; {said}"
+                                 if depth > 1 else f"pass: {said}")
     if norm is not None:
         if not _same(seen.get(norm + ":in"), last):
             raise _fail(names, f"{head}final_norm", f"{norm} does not take the last block's "

@@ -69,7 +69,9 @@ def head_of(model: nn.Module) -> str:
         return "masked_lm"
     for suffix, head in (("ForSequenceClassification", "sequence_classification"),
                          ("ForImageClassification", "image_classification"),
-                         ("ForCTC", "ctc"), ("ForAudioClassification", "audio_classification")):
+                         ("ForCTC", "ctc"), ("ForAudioClassification", "audio_classification"),
+                         # an encoder-decoder's language-model head (no model.head builds it)
+                         ("ForConditionalGeneration", "seq2seq_lm"), ("MTModel", "seq2seq_lm")):
         if name.endswith(suffix):
             return head
     return "base"

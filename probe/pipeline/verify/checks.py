@@ -146,16 +146,17 @@ def _attention(session: _Session, table: dict[str, str]) -> dict[str, Verdict]:
                        "hooks=[attention]")
     worst = 0.0
     for n, sample in enumerate(_samples(path, *(f"{name}/attention" for name in modules))):
-        alone = patterns_alone(session.model, sample["input_ids"], list(modules.values()))
+        alone = patterns_alone(session.model, sample["input_ids"], encoder=bool(session.stack))
+        if len(alone) != len(modules):
+            raise _Wrong(f"the eager model gives {len(alone)} patterns for {len(modules)} "
+                         "attention modules")
         length = len(sample["input_ids"])
-        for name, module in modules.items():
-            if module not in alone:
-                raise _Wrong(f"the eager model gives no weights of {module}")
+        for name, weights in zip(modules, alone, strict=True):
             rows = sample[f"{name}/attention"]  # (queries, heads, padded keys)
             if rows[:, :, length:].any():
                 raise _Wrong(f"{name}'s rows of text {n} have weight beyond its last key")
             worst = max(worst, _compare(f"{name}'s pattern of text {n}",
-                                        rows[:, :, :length].transpose(1, 0, 2), alone[module]))
+                                        rows[:, :, :length].transpose(1, 0, 2), weights))
     return {"attention": Verdict("pass", f"{len(modules)} modules, within {worst:.1g}")}
 
 

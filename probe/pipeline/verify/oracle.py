@@ -20,8 +20,8 @@ def _inputs(model: nn.Module, ids: Sequence[int]) -> dict:
     inputs = {"input_ids": tensor, "attention_mask": torch.ones_like(tensor)}
     config = model.config
     if getattr(config, "is_encoder_decoder", False):  # the decoder on its start token alone
-        start = config.decoder_start_token_id
-        start = config.pad_token_id if start is None else start
+        start = getattr(config, "decoder_start_token_id", None)
+        start = getattr(config, "pad_token_id", None) if start is None else start
         inputs["decoder_input_ids"] = torch.full((1, 1), int(start or 0), dtype=torch.long)
     return inputs
 
@@ -61,25 +61,21 @@ def outputs_alone(model: nn.Module, ids: Sequence[int], paths: Sequence[str]
             None if logits is None else logits[0].float().numpy())
 
 
-def patterns_alone(model: nn.Module, ids: Sequence[int], paths: Sequence[str]
-                   ) -> dict[str, np.ndarray]:
-    """The post-softmax weights (heads, queries, keys) of each attention module at ``paths``
-    in the model run with transformers' eager attention and ``output_attentions``, on
-    ``ids`` alone; the model's implementation is restored after."""
+def patterns_alone(model: nn.Module, ids: Sequence[int], encoder: bool = False
+                   ) -> list[np.ndarray]:
+    """The post-softmax weights (heads, queries, keys) of every attention module, in the
+    order of the blocks (an encoder-decoder's encoder's with ``encoder``), as the model gives
+    them with transformers' eager attention and ``output_attentions`` on ``ids`` alone; the
+    model's implementation is restored after."""
     before = model.config._attn_implementation
     model.set_attn_implementation("eager")
     try:
-        def weights(output):
-            found = [item for item in output[1:] if isinstance(item, torch.Tensor)
-                     and item.dim() == 4] if isinstance(output, tuple) else []
-            return found[0] if found else None
-
-        with _kept(model, paths, weights) as seen, torch.no_grad():
-            model(**_inputs(model, ids), output_attentions=True)
+        with torch.no_grad():
+            output = model(**_inputs(model, ids), output_attentions=True)
     finally:
         model.set_attn_implementation(before)
-    return {path: value[0].float().numpy() for path, value in seen.items()
-            if value is not None}
+    found = getattr(output, "encoder_attentions" if encoder else "attentions", None) or ()
+    return [weights[0].float().numpy() for weights in found]
 
 
 def gradient_alone(model: nn.Module, ids: Sequence[int], path: str, objective: str
