@@ -186,3 +186,30 @@ def test_token_ids_without_a_bound_on_their_length_are_refused(make_cfg, tiny_lm
                            f"dataset.path={ids}", "layers=[transformer.h.0.attn]",
                            "hooks=[attention]"))
     assert no_h5_files(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["bloom", "gpt_neo", "deberta-v2"])
+def test_modules_that_compute_their_own_weights_give_them_and_compute_as_before(name, tmp_path):
+    # BLOOM, GPT-Neo and DeBERTa-v2 never call the attention interface: their weights come from
+    # their own return value (DeBERTa-v2's only when asked, and its caller still gets None)
+    from probe.families.hf_attention import eager_patterns
+    from probe.families.hf_names import hf_names
+    from tests.tiny_archs import tiny_checkpoint
+
+    folder = tiny_checkpoint(name, tmp_path / name)
+    model = transformers.AutoModel.from_pretrained(folder).eval()
+    module = dict(model.named_modules())[hf_names(model).table()["blocks.1.attention"]]
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10], [7, 8, 9, 0, 0, 0]])
+    mask = (ids > 0).long()
+    with torch.no_grad():
+        plain = model(input_ids=ids, attention_mask=mask, output_hidden_states=True,
+                      output_attentions=True)
+        given = []
+        with eager_patterns(model, {module: "blocks.1.attention"},
+                            lambda _, weights: given.append(weights)) as seen:
+            hooked = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    assert list(seen) == ["blocks.1.attention"] and len(given) == 1
+    torch.testing.assert_close(given[0], plain.attentions[1], rtol=0, atol=0)
+    for a, b in zip(hooked.hidden_states, plain.hidden_states, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert hooked.attentions is None or hooked.attentions == ()

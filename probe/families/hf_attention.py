@@ -13,6 +13,9 @@ that module's own ``eager_attention_forward`` (from the module's modeling file) 
 hooked, else the implementation it stands for, unchanged. Masks come as that implementation
 makes them; the eager path gets them as eager attention expects (additive, causal where the
 module is).
+
+A hooked module that computes its own weights instead of calling the interface (BLOOM, MPT,
+GPT-Neo, XGLM, DeBERTa-v2) hands over those it returns (probe.families.hf_own_weights).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch
 from torch import nn
 
 from probe.errors import ConfigError
+from probe.families.hf_own_weights import own_weights, recorded_index
 
 __all__ = ["eager_patterns", "PATTERNS_OF"]
 
@@ -40,6 +44,8 @@ class _Active:
     on_pattern: Callable[[str, torch.Tensor], None] | None
     names: dict[nn.Module, str]
     seen: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    # the calls of hooked modules under way, by name (probe.families.hf_own_weights)
+    calls: dict[str, list[dict]] = field(default_factory=dict)
 
 
 _ACTIVE: ContextVar[_Active | None] = ContextVar("probe_attention_patterns", default=None)
@@ -68,11 +74,15 @@ def eager_patterns(model: nn.Module, hooked: Mapping[nn.Module, str],
                 "its patterns are never made; load it with sdpa or eager attention")
         _register(implementation)
     active = _Active(hooked, on_pattern, {m: n for n, m in model.named_modules()})
+    indices = {module: recorded_index(model, module, active.names.get(module, ""))
+               for module in hooked}
     token = _ACTIVE.set(active)
     try:
         for config, implementation in zip(configs, saved, strict=True):
             config._attn_implementation_internal = PATTERNS_OF + (implementation or "eager")
-        yield active.seen
+        with own_weights(hooked, on_pattern, active.seen, indices) as calls:
+            active.calls = calls
+            yield active.seen
     finally:
         for config, implementation in zip(configs, saved, strict=True):
             config._attn_implementation_internal = implementation
@@ -120,6 +130,9 @@ def _dispatch(implementation: str):
             return own(module, query, key, value, attention_mask, *args, **kwargs)
         mask = _additive(attention_mask, module, query, key, kwargs.get("is_causal"))
         output, weights = _own_eager(module)(module, query, key, value, mask, *args, **kwargs)
+        for name in {active.hooked[module], active.names.get(module)}:
+            if active.calls.get(name):  # served here: the module's own weights are not asked
+                active.calls[name][-1]["given"] = True
         if active.on_pattern is not None:
             active.on_pattern(active.hooked[module], weights)
         return output, weights
