@@ -22,7 +22,8 @@ __all__ = ["cli"]
 
 _COMMANDS = {"probe": "run", "probe.layers": "layers", "probe.merge": "merge",
              "probe.fit": "fit", "probe.gradcam": "gradcam", "probe.compare": "compare",
-             "probe.encode": "encode", "probe.export": "export"}
+             "probe.encode": "encode", "probe.export": "export",
+             "probe.verify": "verify"}
 
 
 def cli(*args: str, cwd: Path, module: str = "probe", **env: str

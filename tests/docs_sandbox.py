@@ -25,7 +25,7 @@ __all__ = ["make_sandbox", "HUB_IDS"]
 HUB_IDS = ("gpt2", "facebook/dinov2-with-registers-small", "google/vit-base-patch16-224",
            "openai/clip-vit-base-patch32", "facebook/wav2vec2-base",
            "facebook/wav2vec2-base-960h", "llava-hf/llava-1.5-7b-hf", "Qwen/Qwen2-VL-2B-Instruct",
-           "MCG-NJU/videomae-base")
+           "MCG-NJU/videomae-base", "meta-llama/Llama-3.2-1B")
 _TINY_CLIP = {"embed_dim": 16,
               "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "patch_size": 8,
                              "head_width": 16},
@@ -40,6 +40,7 @@ _CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['co
 
 def make_sandbox(root: Path) -> Path:
     """The sandbox's files in ``root``, and the stand-ins in the Hub cache ($HF_HOME)."""
+    from tests.tiny_archs import tiny_checkpoint
     from tests.tiny_audio import ctc_tokenizer, tiny_wav2vec2, tone, write_wav
     from tests.tiny_text import documents, tiny_gpt2, write_jsonl
     from tests.tiny_video import tiny_videomae
@@ -87,7 +88,8 @@ def make_sandbox(root: Path) -> Path:
              lambda d: ctc_tokenizer(tiny_wav2vec2(d, head="ctc"))),
             ("llava-hf/llava-1.5-7b-hf", lambda d: tiny_vlm("llava", d)),
             ("Qwen/Qwen2-VL-2B-Instruct", lambda d: tiny_vlm("qwen2_vl", d)),
-            ("MCG-NJU/videomae-base", tiny_videomae)):
+            ("MCG-NJU/videomae-base", tiny_videomae),
+            ("meta-llama/Llama-3.2-1B", lambda d: tiny_checkpoint("llama", d))):
         _cache(hub_id, make(Path(made) / hub_id.replace("/", "--")))
     return root
 

@@ -30,7 +30,7 @@ _GLOB = re.compile(r"[*?[]")
 _TOKEN = re.compile(r"""(?:[^\s'"]+|'[^']*'|"(?:\\.|[^"\\])*")+""")  # a word, quotes and all
 # python -m <command> of probe's, which run in this process (tests.cli)
 _IN_PROCESS = {"probe", "probe.layers", "probe.merge", "probe.fit", "probe.gradcam",
-               "probe.compare", "probe.encode", "probe.export"}
+               "probe.compare", "probe.encode", "probe.export", "probe.verify"}
 
 # ```console commands, by a part of each that names it: what runs it instead
 ELSEWHERE: dict[str, str] = {

@@ -102,9 +102,10 @@ def _stack(model: nn.Module, root: nn.Module, paths: dict[int, str], prefix: str
         return f"{what} has no list of blocks"
     depth = _depth(root, prefix)
     if depth is not None and depth != len(blocks):
-        return (f"{what} has {len(blocks)} block modules for {depth} layers (it shares blocks "
-                "over its depth); name its modules by path, whose calls are stored as output, "
-                "output_1, ...")
+        count = "one block module" if len(blocks) == 1 else f"{len(blocks)} block modules"
+        return (f"{what} has {count} for its {depth} layers (it shares blocks over its "
+                "depth); name its modules by path, whose calls are stored as output, output_1, "
+                "...")
     parts: dict[str, list[str | None]] = {"attention": [], "cross_attention": [], "mlp": []}
     missing: dict[str, str] = {}
     for block in blocks:
