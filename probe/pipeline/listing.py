@@ -167,9 +167,17 @@ def _described(family: Family, model: nn.Module, batch: Batch, device: torch.dev
     layout = family.layout(model, on_device)
     attention: dict[str, tuple[int, int, int]] = {}
 
+    # the attention modules that the standard names know are marked, whether they call the
+    # attention interface or compute their own weights (probe.families.hf_own_weights)
+    names = family.names(model)
+    modules = dict(model.named_modules())
+    known = {} if names is None or names.refused is not None else {
+        modules[path]: path for name, path in names.table().items()
+        if name.endswith((".attention", ".cross_attention"))}
+
     def forward():
         try:
-            patterns = family.patterns(model, {}, None)
+            patterns = family.patterns(model, known, None)
         except ConfigError:  # patterns are not to be had: no module is marked
             return family.forward(model, on_device)
         with patterns as seen:
