@@ -179,3 +179,55 @@ def test_the_cli_sweeps_and_lists_both_names(models, corpus, tmp_path):
     rows = {line.split()[0]: line.split() for line in listed.stdout.splitlines() if line}
     assert rows["model.layers.1.self_attn"][-1] == "blocks.1.attention"
     assert rows["model.norm"][-1] == "final_norm"
+
+
+def _vit(tmp_path):
+    from tests.tiny_vision import pictures, tiny_vit
+
+    pictures(tmp_path / "images")
+    return [f"model.name={tiny_vit(tmp_path / 'vit')}", "dataset=imagefolder",
+            f"dataset.root={tmp_path / 'images'}"], "vit.layers.1"
+
+
+def _wav2vec2(tmp_path):
+    from tests.tiny_audio import clip_folder, tiny_wav2vec2
+
+    return [f"model.name={tiny_wav2vec2(tmp_path / 'w2v')}", "model.head=base", "dataset=audio",
+            f"dataset.root={clip_folder(tmp_path / 'clips', [1.0, 0.5])}"], "encoder.layers.1"
+
+
+def _whisper(tmp_path):
+    from tests.tiny_audio import clip_folder, tiny_whisper
+
+    return [f"model.name={tiny_whisper(tmp_path / 'whisper')}", "dataset=audio",
+            f"dataset.root={clip_folder(tmp_path / 'clips', [1.0, 0.5])}"], "encoder.layers.1"
+
+
+@pytest.mark.parametrize("family, layer", [(_vit, "blocks.1"), (_wav2vec2, "blocks.1"),
+                                           (_whisper, "encoder.blocks.1")])
+def test_the_other_hugging_face_families_have_the_names_too(make_cfg, tmp_path, family, layer):
+    overrides, module = family(tmp_path)
+    path = probe.run(make_cfg("model=transformers", *overrides, f"layers=[{layer}]",
+                              output=tmp_path / "x.h5"))
+    with h5py.File(path) as f:
+        assert f[f"{layer}/output"].attrs["module"] == module
+        assert json.loads(f.attrs["verified"])[layer.rpartition("blocks")[0] + "blocks"] \
+            .startswith("pass")
+
+
+def test_a_vision_language_model_names_its_language_model_and_vision_tower(make_cfg, tmp_path):
+    from tests.tiny_vision import pictures, write_pairs
+    from tests.tiny_vlm import tiny_vlm
+
+    folder = tiny_vlm("llava", tmp_path / "llava")
+    pairs = write_pairs(tmp_path / "pairs.csv", pictures(tmp_path / "images"))
+    path = probe.run(make_cfg("model=transformers", f"model.name={folder}", "dataset=pairs",
+                              f"dataset.path={pairs}", "layers=[blocks.1,vision.blocks.1]",
+                              "tokens=last", output=tmp_path / "x.h5"))
+    with h5py.File(path) as f:
+        assert json.loads(f.attrs["modules"]) == {
+            "blocks.1": "model.language_model.layers.1",
+            "vision.blocks.1": "model.vision_tower.encoder.layers.1"}
+        verified = json.loads(f.attrs["verified"])
+        assert verified["blocks"].startswith("pass")
+        assert verified["vision.blocks"].startswith("not checked")

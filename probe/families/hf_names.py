@@ -83,8 +83,12 @@ def _roots(model: nn.Module, paths: dict[int, str]) -> dict[str, nn.Module] | st
     if getattr(config, "is_encoder_decoder", False) and hasattr(model, "get_encoder"):
         return {"encoder": model.get_encoder(), "decoder": model.get_decoder()}
     named = {name.rsplit(".", 1)[-1]: module for name, module in model.named_modules() if name}
-    language = next((named[n] for n in _LANGUAGE if n in named), None)
     vision = next((named[n] for n in _VISION if n in named), None)
+    # a vision-language model generates with its language model (Idefics3 calls it
+    # text_model); a two-tower model's text_model generates nothing
+    generates = hasattr(model, "can_generate") and model.can_generate()
+    language = next((named[n] for n in (*_LANGUAGE, *(("text_model",) if generates else ()))
+                     if n in named), None)
     if language is not None:
         return {"": language, **({"vision": vision} if vision is not None else {})}
     if vision is not None and "text_model" in named:

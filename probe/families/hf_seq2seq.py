@@ -29,7 +29,7 @@ def with_decoder_start(model: nn.Module, inputs: dict) -> dict:
     decoder and nothing feeds it."""
     if not is_encoder_decoder(model) or "decoder_input_ids" in inputs:
         return inputs
-    ids = inputs["input_ids"]
+    ids = inputs["input_ids"] if "input_ids" in inputs else next(iter(inputs.values()))
     # a config may leave the start token out (T5's falls back on its padding token)
     start = getattr(model.config, "decoder_start_token_id", None)
     start = getattr(model.config, "pad_token_id", None) if start is None else start

@@ -16,7 +16,6 @@ Each verdict is a line for the file's attrs; a check that fails stops the run in
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from contextlib import ExitStack
 
@@ -30,9 +29,8 @@ from probe.families.hf_names import hf_names
 from probe.families.hf_seq2seq import with_decoder_start
 from probe.families.names import StandardNames
 
-__all__ = ["verify_run", "verify_names", "NOT_VERIFIED"]
+__all__ = ["verify_run", "verify_names"]
 
-NOT_VERIFIED = json.dumps({"skipped": "verify=false"})
 # a block's output and the hidden state of its depth are the same computation
 _RTOL, _ATOL = 1e-5, 1e-6
 _HIDDEN = {"": "hidden_states", "encoder": "encoder_hidden_states",

@@ -71,6 +71,7 @@ def resolve_layers(model: nn.Module, patterns: Iterable[str],
         found[name] = path
     return found
 
+
 def match_layers(names: Iterable[str], pattern: str) -> list[str]:
     """The names equal to ``pattern``, or matching it as a shell-style glob, in order."""
     glob = is_glob(pattern)
