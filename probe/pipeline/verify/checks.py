@@ -16,6 +16,7 @@ from probe.config.compose import compose
 from probe.data.feed import DataKind
 from probe.errors import ConfigError, ProbeError
 from probe.families.build import build_model
+from probe.families.names import StandardNames
 from probe.families.registry import family_for
 from probe.file.format import Attr
 from probe.pipeline.execute import execute
@@ -48,6 +49,7 @@ class _Wrong(Exception):
 class _Session:
     overrides: list[str]
     model: nn.Module
+    names: StandardNames
     folder: Path
     stack: str  # "encoder." for an encoder-decoder (its encoder is what text runs), else ""
 
@@ -55,12 +57,6 @@ class _Session:
         cfg = compose([*self.overrides, *extra, f"output.path={self.folder / name}.h5",
                        "output.overwrite=true"])
         return execute(plan(cfg, model=self.model))
-
-    def paths(self, names_of: dict[str, str], pattern: str) -> dict[str, str]:
-        """Standard name -> module path for the names ``pattern`` (a glob) gives."""
-        import fnmatch
-
-        return {n: p for n, p in names_of.items() if fnmatch.fnmatchcase(n, pattern)}
 
 
 def run_checks(overrides: list[str], texts: Sequence[str], folder: Path) -> dict[str, Verdict]:
@@ -80,13 +76,12 @@ def run_checks(overrides: list[str], texts: Sequence[str], folder: Path) -> dict
     if names is None or names.refused is not None:
         why = "its family has no standard names" if names is None else names.refused
         return dict.fromkeys(CHECKS, Verdict("refused", why))
-    session = _Session(overrides, model, folder,
+    session = _Session(overrides, model, names, folder,
                        "encoder." if "encoder" in names.stacks else "")
-    table = names.table()
     verdicts = {}
     for check in (_forward, _attention, _generation, _gradients):
         try:
-            verdicts.update(check(session, table))
+            verdicts.update(check(session))
         except _Wrong as wrong:
             verdicts[check.__name__.strip("_")] = Verdict("wrong", str(wrong))
         except ProbeError as err:
@@ -122,9 +117,8 @@ def _compare(what: str, ours: np.ndarray, theirs: np.ndarray) -> float:
     return difference
 
 
-def _forward(session: _Session, table: dict[str, str]) -> dict[str, Verdict]:
-    blocks = session.paths(table, f"{session.stack}blocks.[0-9]*")
-    blocks = {n: p for n, p in blocks.items() if n.count(".") == session.stack.count(".") + 1}
+def _forward(session: _Session) -> dict[str, Verdict]:
+    blocks = dict(session.names.expand(f"{session.stack}blocks.*"))
     path = session.run("forward", f"layers=[{session.stack}blocks.*]")
     with h5py.File(path) as f:
         said = json.loads(f.attrs[Attr.VERIFIED])
@@ -138,9 +132,10 @@ def _forward(session: _Session, table: dict[str, str]) -> dict[str, Verdict]:
             "forward": Verdict("pass", f"{len(blocks)} blocks, within {worst:.1g}")}
 
 
-def _attention(session: _Session, table: dict[str, str]) -> dict[str, Verdict]:
-    modules = session.paths(table, f"{session.stack}blocks.*.attention")
-    if not modules:
+def _attention(session: _Session) -> dict[str, Verdict]:
+    try:  # the blocks that have attention
+        modules = dict(session.names.expand(f"{session.stack}blocks.*.attention"))
+    except ConfigError:  # none has (a state-space model)
         return {"attention": Verdict("n/a", "its blocks compute no attention")}
     path = session.run("attention", f"layers=[{session.stack}blocks.*.attention]",
                        "hooks=[attention]")
@@ -160,7 +155,7 @@ def _attention(session: _Session, table: dict[str, str]) -> dict[str, Verdict]:
     return {"attention": Verdict("pass", f"{len(modules)} modules, within {worst:.1g}")}
 
 
-def _generation(session: _Session, table: dict[str, str]) -> dict[str, Verdict]:
+def _generation(session: _Session) -> dict[str, Verdict]:
     model = session.model
     if not (hasattr(model, "can_generate") and model.can_generate()):
         return {"generation": Verdict("n/a", "the model has no language-model head")}
@@ -186,7 +181,7 @@ def _generation(session: _Session, table: dict[str, str]) -> dict[str, Verdict]:
                                           f"{worst:.1g}")}
 
 
-def _gradients(session: _Session, table: dict[str, str]) -> dict[str, Verdict]:
+def _gradients(session: _Session) -> dict[str, Verdict]:
     model = session.model
     objective = "nll" if hasattr(model, "can_generate") and model.can_generate() else "top1"
     middle = f"{session.stack}blocks.50%"
