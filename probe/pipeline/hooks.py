@@ -92,7 +92,7 @@ class Capture:
                  dtype: torch.dtype | None = None, stop_early: bool = False,
                  family: Family | None = None, dry: bool = False):
         self.model = model
-        if family is None:
+        if family is None:  # the kinds and the standard names need one
             from probe.families.registry import family_for  # the one lookup of a family
 
             family = family_for(None, model)

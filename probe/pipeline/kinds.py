@@ -54,7 +54,7 @@ class Target:
 
     model: nn.Module
     modules: Mapping[str, nn.Module]
-    family: Family | None = None
+    family: Family  # the hook object's (found from the model's classes where not given)
 
 
 @dataclass(frozen=True)
@@ -172,13 +172,8 @@ class _AttentionWeights(CaptureKind):
 
     @contextmanager
     def attach(self, target: Target, keep: Keep) -> Iterator[Check]:
-        family = target.family
-        if family is None:
-            from probe.families.registry import family_for
-
-            family = family_for(None, target.model)
         hooked_modules = {module: layer for layer, module in target.modules.items()}
-        with family.patterns(target.model, hooked_modules,
+        with target.family.patterns(target.model, hooked_modules,
                              lambda layer, weights: keep(layer, weights, None)) as seen:
             yield lambda missing: _refuse_other_modules(missing, seen)
 
