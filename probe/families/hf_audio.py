@@ -26,6 +26,7 @@ from probe.errors import ConfigError
 from probe.families.base import Family
 from probe.families.hf_attention import eager_patterns
 from probe.families.hf_names import hf_names
+from probe.families.hf_seq2seq import with_decoder_start
 from probe.families.hf_verify import verify_run
 from probe.families.hub import require_head, required_logits, target
 from probe.file.format import TRANSCRIPT
@@ -78,14 +79,9 @@ class AudioFamily(Family):
         if input_grad:  # sound is a float input: the graph starts at it
             name = model.main_input_name
             inputs[name] = inputs[name].detach().requires_grad_()
-        if model.config.is_encoder_decoder:
-            # the model itself runs (its hooks see a pass start), its decoder on one token
-            # only; a run that hooks the encoder alone stops before the decoder
-            start = model.config.decoder_start_token_id
-            first = next(iter(inputs.values()))
-            inputs["decoder_input_ids"] = torch.full((len(first), 1), int(start or 0),
-                                                     dtype=torch.long, device=first.device)
-        return model(**inputs)
+        # an encoder-decoder (Whisper) runs whole (its hooks see a pass start), its decoder on
+        # its start token only; a run that hooks the encoder alone stops before the decoder
+        return model(**with_decoder_start(model, inputs))
 
     def logits(self, output) -> torch.Tensor | None:
         return getattr(output, "logits", None)
