@@ -265,8 +265,8 @@ def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool,
             start = 0
             for info, shape in zip(infos, shapes, strict=True):
                 # relative paths, so the merged file and its shards can move together
-                source = h5py.VirtualSource(os.path.relpath(info["path"], directory), name,
-                                            shape=shape)
+                source = h5py.VirtualSource(_literal(os.path.relpath(info["path"], directory)),
+                                            _literal(name), shape=shape)
                 if by_shard:
                     layout[start:start + shape[0]] = source
                     start += shape[0]
@@ -274,6 +274,12 @@ def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool,
                     layout[info["start"]::info["step"]] = source
             dataset = f.create_virtual_dataset(name, layout, fillvalue=missing_value(dtype))
         dataset.attrs.update(dataset_attrs)
+
+
+def _literal(name: str) -> str:
+    """A file or dataset name as a virtual dataset's source takes it: HDF5 reads a % there
+    as a printf-style pattern (%b), so a literal one (blocks.50%) is written %%."""
+    return name.replace("%", "%%")
 
 
 def _same_transforms(a: Path, b: Path) -> bool:
