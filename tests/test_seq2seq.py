@@ -1,8 +1,13 @@
-"""Encoder-decoders read as language models (T5, BART): fed a text, their encoder's rows equal
-the encoder run on each document alone; hooking the decoder, or generating, is one line (the
-decoder's rows of a target are not stored yet), not a traceback. Tiny random models made here."""
+"""Encoder-decoders (T5, BART): fed a text, their encoder's rows equal the encoder run on each
+document alone; fed a target (dataset.target_column), their decoder's rows, one per target token
+with their own /decoder_offsets, equal the model run on each pair alone, and equal the rows of
+the same tokens when the model generated them greedily; cross-attention patterns sum to 1 over
+the text's tokens; without a target, hooking the decoder is one line. Tiny random models made
+here."""
 
 from __future__ import annotations
+
+import json
 
 import h5py
 import numpy as np
@@ -70,15 +75,118 @@ def test_the_encoders_rows_equal_each_document_alone(seq2seq, make_cfg, tmp_path
         np.testing.assert_allclose(rows[a:b], seen["v"][0].numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_the_decoder_and_generation_are_one_line(seq2seq, make_cfg, tmp_path):
-    folder, _, layer, decoder = seq2seq
+PAIRS = [(text, target) for text, target in zip(DOCS, documents(5, seed=7, low=2, high=6),
+                                                 strict=True)]
+
+
+def _pairs(path, pairs=PAIRS):
+    path.write_text("".join(json.dumps({"text": a, "target": b}) + "\n" for a, b in pairs))
+    return path
+
+
+def _alone(model, module, ids, decoder_ids):
+    """``module``'s output when the model runs on one pair alone, without padding."""
+    seen = {}
+
+    def keep(module, args, out):
+        seen["v"] = out[0] if isinstance(out, tuple) else out
+
+    handle = module.register_forward_hook(keep)
+    with torch.no_grad():
+        model(input_ids=torch.as_tensor(ids, dtype=torch.long)[None],
+              decoder_input_ids=torch.as_tensor(decoder_ids, dtype=torch.long)[None])
+    handle.remove()
+    return seen["v"][0].numpy()
+
+
+def test_the_decoders_rows_are_the_targets_teacher_forced(seq2seq, make_cfg, tmp_path):
+    folder, model, layer, decoder = seq2seq
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    corpus = _pairs(tmp_path / "pairs.jsonl")
+    path = probe.run(_cfg(make_cfg, folder, f"{layer},{decoder}", corpus,
+                          "dataset.target_column=target"))
+    modules = dict(model.named_modules())
+    with h5py.File(path) as f:
+        bounds, ids, rows = f["offsets"][:], f["input_ids"][:], f[f"{layer}/output"][:]
+        ends, read, decoded = (f["decoder_offsets"][:], f["decoder_input_ids"][:],
+                               f[f"{decoder}/output"][:])
+        assert f[f"{decoder}/output"].attrs["offsets"] == "decoder_offsets"
+        assert "offsets" not in f[f"{layer}/output"].attrs
+    for n, (_, target) in enumerate(PAIRS):
+        labels = tokenizer(text_target=target)["input_ids"]
+        a, b = ends[n], ends[n + 1]
+        assert b - a == len(labels)  # a row per target token
+        shifted = model.prepare_decoder_input_ids_from_labels(
+            labels=torch.tensor([labels]))[0].numpy()
+        np.testing.assert_array_equal(read[a:b], shifted)
+        np.testing.assert_allclose(decoded[a:b], _alone(model, modules[decoder],
+                                                        ids[bounds[n]:bounds[n + 1]], shifted),
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(rows[bounds[n]:bounds[n + 1]],
+                                   _alone(model, modules[layer], ids[bounds[n]:bounds[n + 1]],
+                                          shifted), rtol=1e-5, atol=1e-5)
+    with probe.open(path) as f:  # the reader bounds each key's rows by its own offsets
+        np.testing.assert_array_equal(f.rows_of(f"{decoder}/output", row=1),
+                                      decoded[ends[1]:ends[2]])
+        np.testing.assert_array_equal(f.rows_of(f"{layer}/output", row=1),
+                                      rows[bounds[1]:bounds[2]])
+
+
+def test_a_generated_tokens_row_is_its_teacher_forced_row(seq2seq, make_cfg, tmp_path):
+    folder, model, layer, decoder = seq2seq
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    texts = write_jsonl(tmp_path / "docs.jsonl", DOCS)
+    made = probe.run(_cfg(make_cfg, folder, decoder, texts, "generate.max_new_tokens=4",
+                          "generate.stop_at_eos=false", "output.path=" + str(tmp_path / "g.h5")))
+    with h5py.File(made) as f:
+        ends, read, generated = (f["decoder_offsets"][:], f["decoder_input_ids"][:],
+                                 f[f"{decoder}/output"][:])
+    pairs, kept = [], []
+    for n, text in enumerate(DOCS):  # the greedy answer, by transformers alone
+        ids = torch.tensor([tokenizer(text)["input_ids"]])
+        answer = model.generate(ids, max_new_tokens=4, do_sample=False, eos_token_id=None,
+                                decoder_start_token_id=int(read[ends[n]]))[0, 1:].tolist()
+        np.testing.assert_array_equal(read[ends[n] + 1:ends[n + 1]], answer[:-1])
+        words = tokenizer.decode(answer, skip_special_tokens=False)
+        if tokenizer(text_target=words)["input_ids"][:len(answer)] == answer:
+            pairs.append((text, words))  # its tokens, written as a target, read back as such
+            kept.append(n)
+    assert len(kept) >= 2, "too few answers survive a round trip through text"
+    forced = probe.run(_cfg(make_cfg, folder, decoder, _pairs(tmp_path / "p.jsonl", pairs),
+                            "dataset.target_column=target",
+                            "output.path=" + str(tmp_path / "t.h5")))
+    with h5py.File(forced) as f:
+        bounds, rows = f["decoder_offsets"][:], f[f"{decoder}/output"][:]
+    for m, n in enumerate(kept):
+        steps = ends[n + 1] - ends[n]
+        np.testing.assert_allclose(rows[bounds[m]:bounds[m] + steps],
+                                   generated[ends[n]:ends[n + 1]], rtol=1e-4, atol=1e-5)
+
+
+def test_cross_attention_patterns_sum_to_one_over_the_texts_tokens(seq2seq, make_cfg,
+                                                                   tmp_path):
+    folder, _, _, _ = seq2seq
+    name = "decoder.blocks.1.cross_attention"
+    path = probe.run(_cfg(make_cfg, folder, name, _pairs(tmp_path / "p.jsonl"),
+                          "dataset.target_column=target", "hooks=[attention]",
+                          "dataset.max_length=16"))
+    with h5py.File(path) as f:
+        bounds, ends = f["offsets"][:], f["decoder_offsets"][:]
+        patterns = f[f"{name}/attention"][:]
+    assert patterns.shape[0] == ends[-1] and patterns.shape[-1] == 16
+    for n in range(len(PAIRS)):
+        rows = patterns[ends[n]:ends[n + 1]]
+        length = bounds[n + 1] - bounds[n]
+        np.testing.assert_allclose(rows.sum(-1), 1, atol=1e-5)
+        assert not rows[..., length:].any()  # zeros after the text's tokens
+
+
+def test_the_decoder_without_a_target_is_one_line(seq2seq, make_cfg, tmp_path):
+    folder, _, _, decoder = seq2seq
     corpus = write_jsonl(tmp_path / "docs.jsonl", DOCS)
     with pytest.raises(ConfigError) as caught:
         probe.run(_cfg(make_cfg, folder, decoder, corpus))
     said = str(caught.value)
     assert said.startswith(f"{decoder} is in the decoder of ") and "\n" not in said
-    with pytest.raises(ConfigError) as caught:
-        probe.run(_cfg(make_cfg, folder, layer, corpus, "generate.max_new_tokens=2"))
-    said = str(caught.value)
-    assert "an encoder-decoder: its answer is its decoder's" in said and "\n" not in said
+    assert "dataset.target_column" in said
     assert no_h5_files(tmp_path)

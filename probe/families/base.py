@@ -110,6 +110,12 @@ class FeedsAndReads(Protocol):
             ConfigError: the model does not generate, saying which would.
         """
 
+    def decodes_answers(self, model: nn.Module) -> bool:
+        """Whether the model's answers are its decoder's (an encoder-decoder): its prompts go
+        to its encoder as fed, ``generate`` gives the decoder's sequences (its start token,
+        then the new ones), and the answers' rows are the decoder's steps
+        (probe.pipeline.generation_decoded); else a prompt and its answer are one sequence."""
+
     def patterns(self, model: nn.Module, hooked: Mapping[nn.Module, str],
                  on_pattern: Callable[[str, torch.Tensor], None] | None
                  ) -> AbstractContextManager[dict[str, tuple[int, int, int]]]:
@@ -230,6 +236,9 @@ class Family:
                           f"{type(model).__name__} does not generate text; use a language model "
                           "with a causal_lm head (model=transformers model.name=...), or set "
                           "generate.max_new_tokens=0")
+
+    def decodes_answers(self, model: nn.Module) -> bool:
+        return False
 
     def patterns(self, model: nn.Module, hooked: Mapping[nn.Module, str],
                  on_pattern: Callable[[str, torch.Tensor], None] | None

@@ -14,7 +14,7 @@ from probe.config.schema import GenerateConfig
 from probe.errors import ConfigError
 from probe.families.base import Answers
 
-__all__ = ["generate", "nll", "top1"]
+__all__ = ["generate", "generate_options", "new_tokens", "nll", "top1"]
 
 
 def generate(model: nn.Module, inputs: dict, settings: GenerateConfig,
@@ -30,6 +30,20 @@ def generate(model: nn.Module, inputs: dict, settings: GenerateConfig,
             f"generate.max_new_tokens={settings.max_new_tokens}: {type(model).__name__} has "
             "no language-model head to generate with; use model.head=causal_lm (or auto "
             "where the checkpoint is a causal language model)")
+    options, ends = generate_options(model, settings)
+    accepts = inspect.signature(model.forward).parameters
+    if all_logits and "logits_to_keep" in accepts:
+        options["logits_to_keep"] = 0  # every position's, as a forward over them gives
+    out = model.generate(**inputs, **options)
+    sequences, prompt = out.sequences, inputs["input_ids"].shape[1]
+    if out.cache.get_seq_length() < sequences.shape[1]:  # the last token was never fed
+        _feed_last_token(model, sequences, inputs["attention_mask"], out.cache, accepts)
+    return Answers(sequences, new_tokens(sequences[:, prompt:], ends))
+
+
+def generate_options(model: nn.Module, settings: GenerateConfig) -> tuple[dict, list[int]]:
+    """The options of the model's ``generate()`` that ``settings`` ask for, and the end tokens
+    that stop an answer (none where ``stop_at_eos`` is off)."""
     config = model.generation_config
     ends = _ids(config.eos_token_id) if settings.stop_at_eos else []
     pad = config.pad_token_id if config.pad_token_id is not None else (ends or [0])[0]
@@ -39,14 +53,7 @@ def generate(model: nn.Module, inputs: dict, settings: GenerateConfig,
     if settings.do_sample:
         options.update({key: getattr(settings, key) for key in ("temperature", "top_p")
                         if getattr(settings, key) is not None})
-    accepts = inspect.signature(model.forward).parameters
-    if all_logits and "logits_to_keep" in accepts:
-        options["logits_to_keep"] = 0  # every position's, as a forward over them gives
-    out = model.generate(**inputs, **options)
-    sequences, prompt = out.sequences, inputs["input_ids"].shape[1]
-    if out.cache.get_seq_length() < sequences.shape[1]:  # the last token was never fed
-        _feed_last_token(model, sequences, inputs["attention_mask"], out.cache, accepts)
-    return Answers(sequences, _new_tokens(sequences[:, prompt:], ends))
+    return options, ends
 
 
 def _ids(value) -> list[int]:
@@ -71,7 +78,7 @@ def _feed_last_token(model: nn.Module, sequences: torch.Tensor, prompt_mask: tor
         return_dict=True)
 
 
-def _new_tokens(new: torch.Tensor, ends: list[int]) -> torch.Tensor:
+def new_tokens(new: torch.Tensor, ends: list[int]) -> torch.Tensor:
     """Each sample's count of new tokens: up to and with its first end token, else all."""
     if not ends or not new.shape[1]:
         return torch.full((len(new),), new.shape[1], dtype=torch.long, device=new.device)
@@ -82,7 +89,14 @@ def _new_tokens(new: torch.Tensor, ends: list[int]) -> torch.Tensor:
 
 def nll(logits: torch.Tensor, batch) -> torch.Tensor:
     """Each sample's mean next-token negative log-likelihood over its real tokens (0 for a
-    sample of one token, which predicts nothing)."""
+    sample of one token, which predicts nothing); of an encoder-decoder fed a target, over the
+    target's tokens, which its decoder's logits predict position by position."""
+    labels = batch.inputs.get("labels")
+    if labels is not None:
+        counted = (labels != -100).float()  # a target's padding, as transformers pads it
+        losses = nn.functional.cross_entropy(logits.transpose(1, 2).float(),
+                                             labels.clamp_min(0), reduction="none")
+        return (losses * counted).sum(1) / counted.sum(1).clamp_min(1)
     ids = batch.inputs["input_ids"][:, 1:]
     mask = batch.inputs["attention_mask"]
     counted = (mask[:, 1:] * mask[:, :-1]).float()  # predictions from a real token of a real one

@@ -85,8 +85,9 @@ def require_head(model: nn.Module, objective: str, heads: tuple[str, ...]) -> No
     """
     head = head_of(model)
     if head not in heads:
+        settable = [h for h in heads if h in HEADS] or heads  # what model.head can build
         raise ConfigError(
-            f"objective={objective} needs model.head={' or '.join(heads)}, but the model has "
+            f"objective={objective} needs model.head={' or '.join(settable)}, but the model has "
             f"{'no head' if head == 'base' else f'head {head}'} ({type(model).__name__})")
 
 

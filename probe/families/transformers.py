@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from probe.config.schema import Dtype, Reduce
+from probe.config.schema import Dtype
 from probe.data.feed import Batch, DataKind, Feed, ModelLimits
+from probe.data.layouts import RowLayout
 from probe.errors import ConfigError
 from probe.families import hf_audio, hf_video, hf_vision, hf_vlm
 from probe.families.base import Family, graph_from
@@ -31,7 +32,12 @@ from probe.families.hf_attention import eager_patterns
 from probe.families.hf_generation import generate, nll, top1
 from probe.families.hf_heads import attention_heads
 from probe.families.hf_names import hf_names
-from probe.families.hf_seq2seq import refuse_decoder_layers, refuse_generation, with_decoder_start
+from probe.families.hf_seq2seq import (
+    decoded_layout,
+    generate_decoded,
+    is_encoder_decoder,
+    with_decoder_start,
+)
 from probe.families.hf_verify import verify_run
 from probe.families.hub import (
     HEADS,
@@ -219,21 +225,26 @@ class TransformersFamily(Family):
         with graph_from(model.get_input_embeddings(), input_grad):
             return model(**with_decoder_start(model, batch.inputs))
 
-    def check(self, model: nn.Module, feed: Feed, reduces: Mapping[str, Reduce]) -> None:
-        super().check(model, feed, reduces)
-        refuse_decoder_layers(model, reduces)  # an encoder-decoder's (probe.families.hf_seq2seq)
+    def layout(self, model: nn.Module, batch: Batch) -> RowLayout:
+        # an encoder-decoder's: its decoder's rows are its target's (probe.families.hf_seq2seq)
+        return decoded_layout(model, batch, batch.layout)
 
     @staticmethod
     def generate(model: nn.Module, inputs: dict, settings, all_logits: bool = False):
-        refuse_generation(model)  # an encoder-decoder's answer is its decoder's
+        if is_encoder_decoder(model):  # its answer is its decoder's (probe.families.hf_seq2seq)
+            return generate_decoded(model, inputs, settings)
         return generate(model, inputs, settings, all_logits)  # probe.families.hf_generation
+
+    @staticmethod
+    def decodes_answers(model: nn.Module) -> bool:
+        return is_encoder_decoder(model)  # probe.families.hf_seq2seq
     heads = staticmethod(attention_heads)  # do: heads (probe.families.hf_heads)
 
     def logits(self, output) -> torch.Tensor | None:
         return getattr(output, "logits", None)
 
     def objective(self, name: str, model: nn.Module) -> Callable:
-        named = {"nll": (nll, ("causal_lm",)),
+        named = {"nll": (nll, ("causal_lm", "seq2seq_lm")),  # seq2seq: fed a target
                  "top1": (top1, ("causal_lm", "masked_lm", "sequence_classification")),
                  "target": (target, ("sequence_classification",))}
         if name not in named:

@@ -34,6 +34,8 @@ from xarray.core import indexing
 from probe.file.format import (
     CAPTION,
     COMPLETION,
+    DECODER_INPUT_IDS,
+    DECODER_OFFSETS,
     DOCUMENT,
     FILE,
     GENERATED,
@@ -45,6 +47,7 @@ from probe.file.format import (
     TARGET,
     TRANSCRIPT,
     Attr,
+    bounds_of,
 )
 
 __all__ = ["data_array"]
@@ -52,6 +55,8 @@ __all__ = ["data_array"]
 # coordinates of rows per sample, and of rows per token, where the file has them
 SAMPLE_COORDS = (INDEX, TARGET, FILE, CAPTION, TRANSCRIPT, COMPLETION)
 TOKEN_COORDS = (INPUT_IDS, POSITIONS, DOCUMENT, GENERATED, "modality")
+# an encoder-decoder's decoder rows, which /decoder_offsets bounds, each by its bounds
+BOUNDED_COORDS = {OFFSETS: TOKEN_COORDS, DECODER_OFFSETS: (DECODER_INPUT_IDS,)}
 
 
 def data_array(f: Mapping, key: str) -> xr.DataArray:
@@ -59,7 +64,7 @@ def data_array(f: Mapping, key: str) -> xr.DataArray:
     docstring)."""
     dataset = f[key]
     per_token = f.per_token(key)
-    rows = int(f.offsets[-1]) if per_token else f.num_rows
+    rows = int(f.offsets_of(key)[-1]) if per_token else f.num_rows
     dims = _dims(dataset, per_token)
 
     def lazy(array):
@@ -68,19 +73,20 @@ def data_array(f: Mapping, key: str) -> xr.DataArray:
 
     coords = {}
     if per_token:
-        bounds = _Offsets(f._file[OFFSETS], f.num_rows)
+        stream = bounds_of(dataset.attrs)
+        bounds = _Offsets(f._file[stream], f.num_rows)
         coords["sample"] = (dims[0], lazy(_SampleOfRow(bounds, rows)))
         for name in (INDEX, TARGET):
             if name in f:
                 coords[name] = (dims[0], lazy(_PerSample(_Rows(f[name], f.num_rows), bounds,
                                                          rows)))
-        names = TOKEN_COORDS
+        names = BOUNDED_COORDS.get(stream, ())
     else:
         names = SAMPLE_COORDS
     for name in names:
         if name in f and f[name].ndim == 1 and len(f[name]) >= rows:
             coords[name] = (dims[0], lazy(_Rows(f[name], rows)))
-    if per_token and PATCH in f and len(f[PATCH]) >= rows:
+    if per_token and stream == OFFSETS and PATCH in f and len(f[PATCH]) >= rows:
         # a token row's place on its image's patch grid (-1 for text): a coordinate each
         for column, name in enumerate(("patch_row", "patch_column")):
             coords[name] = (dims[0], lazy(_Column(_Rows(f[PATCH], rows), column)))

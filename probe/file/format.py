@@ -17,6 +17,11 @@ and gradcam read by it. A reader without this package needs only the layout in D
     /loss_mask (T,)   conversations: bool, true on the assistant's tokens
     /role (T,)        conversations: int8, the role of each token's message (attr values)
     /<layer>/<kind>   (T, *S) with tokens=all (attr rows=token), else (N, *S)
+    an encoder-decoder's decoder, fed a target (teacher-forced) or generating:
+    /decoder_offsets (N+1,)   sample i's decoder rows are decoder_offsets[i]:decoder_offsets[i+1]
+    /decoder_input_ids (T',)  the token each decoder row reads (the start token, then the
+                      target's); the row's output predicts the next one (or the end)
+    /<decoder layer>/<kind>  (T', *S) attrs rows=token, offsets=decoder_offsets
     compact rows (probe.file.encodings):
     /<layer>/<kind>_scale  output.dtype=float8: a float32 scale per row (per query row of an
                       attention pattern); the rows are e4m3 bytes: value = table[byte] * scale
@@ -35,6 +40,7 @@ import numpy as np
 
 __all__ = [
     "INDEX", "TARGET", "OFFSETS", "INPUT_IDS", "POSITIONS", "DOCUMENT", "FILE", "SKIPPED",
+    "DECODER_OFFSETS", "DECODER_INPUT_IDS", "bounds_of",
     "CAPTION", "TRANSCRIPT", "GENERATED", "COMPLETION", "MODALITY", "PATCH", "VALUE_NAMES",
     "LOSS_MASK", "ROLE", "ONSET", "DURATION",
     "TRANSFORM", "SCALE_SUFFIX", "scale_key", "transform_path", "in_transform",
@@ -49,6 +55,11 @@ OFFSETS = "offsets"
 INPUT_IDS = "input_ids"
 POSITIONS = "positions"
 DOCUMENT = "document"
+# an encoder-decoder's decoder rows (a target's tokens, teacher-forced, or an answer's): their
+# count differs from the encoder's rows', so they have bounds of their own, which each of
+# their datasets names in its attr Attr.OFFSETS
+DECODER_OFFSETS = "decoder_offsets"
+DECODER_INPUT_IDS = "decoder_input_ids"
 FILE = "file"  # each row's file, relative to the dataset's root (file-backed datasets)
 SKIPPED = "skipped"  # the dataset indices that dataset.on_error=skip left out
 CAPTION = "caption"  # each image-text pair's caption
@@ -112,6 +123,7 @@ class Attr:
     TUPLE_POSITION = "tuple_position"
     CALL = "call"  # which run of a module that runs several times per forward pass (from 0)
     ROWS = "rows"  # "token" for a dataset with one row per stored token (else one per sample)
+    OFFSETS = "offsets"  # rows per token bounded by another dataset than /offsets: its name
     KEYWORD = "keyword"  # the input was given by this keyword (Llama's hidden_states=...)
     DIMS = "dims"  # the name of each axis: ["sample", "channel", "height", "width"], ...
     CLASSES = "classes"  # root: the class names of a file-backed dataset, by target
@@ -130,6 +142,12 @@ class Attr:
     FIDELITY_ROWS = "fidelity_rows"  # compact rows: how many were compared with float32 ones
     FIDELITY = ("fidelity_mean_relative_error", "fidelity_max_relative_error",
                 "fidelity_min_cosine", "fidelity_cka", "fidelity_explained_variance")
+
+
+def bounds_of(attrs) -> str:
+    """The dataset that bounds each sample's rows of a dataset of rows per token (its attrs):
+    /offsets, or the one its ``offsets`` attr names (an encoder-decoder's decoder rows)."""
+    return str(attrs.get(Attr.OFFSETS, OFFSETS))
 
 
 def dataset_key(layer: str, kind: str) -> str:
@@ -207,6 +225,7 @@ class DatasetSpec:
     attrs: dict = field(default_factory=dict)
     compressible: bool = True  # index and target stay unfiltered, like the rows' bookkeeping
     per_position: bool = False  # one row per stored position (token) instead of per sample
+    offsets: str = OFFSETS  # with per_position: the dataset that bounds each sample's rows
 
     @property
     def stored_dtype(self) -> np.dtype:

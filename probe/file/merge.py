@@ -32,6 +32,7 @@ import yaml
 
 from probe.errors import OutputError
 from probe.file.format import (
+    DECODER_OFFSETS,
     FILE,
     INDEX,
     OFFSETS,
@@ -241,12 +242,13 @@ def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool,
             f.attrs[Attr.NUM_SKIPPED] = len(left_out)
             continue
         shapes = [info["datasets"][name][0] for info in infos]
-        full_shape = (sum(shape[0] for shape in shapes) - (len(infos) - 1) * (name == OFFSETS),
+        bounds = name in (OFFSETS, DECODER_OFFSETS)
+        full_shape = (sum(shape[0] for shape in shapes) - (len(infos) - 1) * bounds,
                       *shapes[0][1:])
         # Small per-sample datasets are copied; so are strings (a file name, a caption, a
         # transcript), which HDF5 cannot map: h5py has no conversion for a virtual dataset of
         # variable-length strings.
-        bookkeeping = name in (INDEX, TARGET, OFFSETS, FILE) or _is_string(dtype)
+        bookkeeping = bounds or name in (INDEX, TARGET, FILE) or _is_string(dtype)
         if bookkeeping or copy:
             options = {} if bookkeeping else filter_options(output.get("compression", "none"),
                                                             output.get("compression_level"))
@@ -254,8 +256,8 @@ def _write_merged(f: h5py.File, infos: list[dict], directory: Path, copy: bool,
                 name, shape=full_shape, dtype=dtype, **options,
                 chunks=chunk_shape(full_shape[1:], dtype.itemsize, max(1, full_shape[0]),
                                    compressed=bool(options)))
-            if name == OFFSETS:
-                dataset[:] = _merged_offsets(infos)
+            if bounds:
+                dataset[:] = _merged_offsets(infos, name)
             elif by_shard:
                 _copy_shards(dataset, name, infos)
             else:
@@ -300,11 +302,12 @@ def _read(path: Path, name: str) -> np.ndarray:
         return shard[name][:]
 
 
-def _merged_offsets(infos: list[dict]) -> np.ndarray:
+def _merged_offsets(infos: list[dict], name: str) -> np.ndarray:
+    # the bounds of the shards' rows per token (/offsets, /decoder_offsets), shard after shard
     parts, shift = [], 0
     for info in infos:
         with h5py.File(info["path"], "r") as shard:
-            offsets = shard[OFFSETS][:]
+            offsets = shard[name][:]
         parts.append(offsets[:-1] + shift)
         shift += int(offsets[-1])
     return np.concatenate([*parts, [shift]])

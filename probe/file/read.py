@@ -25,6 +25,7 @@ from probe.file.format import (
     ROWS_PER_POSITION,
     TARGET,
     Attr,
+    bounds_of,
     dataset_key,
     dataset_names,
     in_transform,
@@ -287,6 +288,11 @@ class FeatureFile(Mapping):
         """For rows per token: sample i's rows are ``offsets[i]:offsets[i+1]`` (None else)."""
         return self._file[OFFSETS][: self.num_rows + 1] if OFFSETS in self._file else None
 
+    def offsets_of(self, key: str) -> np.ndarray:
+        """The bounds of ``key``'s rows per token: sample i's are ``[i]:[i+1]`` of it
+        (/offsets, or an encoder-decoder's /decoder_offsets for its decoder's rows)."""
+        return self._file[bounds_of(self[key].attrs)][: self.num_rows + 1]
+
     def rows_of(self, key: str, index: int | None = None, *, row: int | None = None
                 ) -> np.ndarray:
         """The rows of dataset sample ``index`` (as ``/index`` names it, wherever its row lies:
@@ -304,7 +310,7 @@ class FeatureFile(Mapping):
         elif not 0 <= row < self.num_rows:
             raise IndexError(f"row {row} is out of range: the file has {self.num_rows}")
         if self.per_token(key):
-            start, stop = self._file[OFFSETS][row:row + 2]
+            start, stop = self._file[bounds_of(self[key].attrs)][row:row + 2]
             return self[key][int(start):int(stop)]
         return self[key][row]
 

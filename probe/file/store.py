@@ -7,7 +7,8 @@ datasets are created when the store opens, from the shapes the run's dry run fou
 attrs follow probe.file.format.
 
 A run may also store rows per position (the layout's ``/offsets`` then bound each sample's
-rows), and a sample counts as committed once all its rows are.
+rows; an encoder-decoder's decoder rows have bounds of their own, ``/decoder_offsets``), and a
+sample counts as committed once all its rows are.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from probe.file.format import (
     TARGET,
     Attr,
     DatasetSpec,
+    bounds_of,
     creating_path,
     dataset_names,
     in_transform,
@@ -132,6 +134,11 @@ class Store:
         # dataset read as it comes): num_samples is then -1 until finish()
         self.path, self.num_rows, self.num_positions = Path(path), num_rows, num_positions
         self.per_position = per_position
+        # the datasets that bound rows per position: /offsets, and any a spec names
+        self._bounds = {name: _Bounds() for name in
+                        [*([OFFSETS] if per_position else []),
+                         *sorted({spec.offsets for spec in datasets.values()
+                                  if spec.per_position and spec.offsets != OFFSETS})]}
         # what a chunk is sized by where the counts are not known: a bound or an estimate (rows
         # a pass adds as it goes, a feed that counts them only as it reads); a small run makes
         # a small file
@@ -152,16 +159,14 @@ class Store:
         self._file = open_for_writing(self.partial, locking, **cache)
         self.num_committed = self.num_written = resume_from
         self.bytes_written = 0  # by this store, for the progress bar
-        # with rows per position: the bounds of the samples written so far (num_written + 1 of
-        # them), in a buffer that doubles when full: a copy per batch would cost the square of
-        # a run
-        self._bound_buffer, self._bound_count = np.zeros(1024, dtype=np.int64), 1
         # compressed dataset -> (first row, rows) waiting for their chunk to fill
         self._pending: dict[str, tuple[int, np.ndarray]] = {}
         try:
             if not self.created:
                 self._truncate(resume_from, resume_skipped)
-            self._per_position = {key for key in _row_datasets(self._file)
+            # each dataset of rows per position -> the dataset that bounds its rows
+            self._per_position = {key: bounds_of(self._file[key].attrs)
+                                  for key in _row_datasets(self._file)
                                   if self._file[key].attrs.get(Attr.ROWS) == ROWS_PER_POSITION}
         except BaseException:
             self.close()
@@ -207,9 +212,9 @@ class Store:
             bookkeeping[TARGET] = DatasetSpec((), "int64", per_sample, compressible=False)
         for name, spec in {**bookkeeping, **datasets}.items():
             self._create_dataset(f, name, spec)
-        if self.per_position:
+        for name in self._bounds:
             # N + 1 boundaries: sample i's rows lie between the i-th and the next
-            bounds = self._create_dataset(f, OFFSETS, DatasetSpec(
+            bounds = self._create_dataset(f, name, DatasetSpec(
                 (), "int64", {Attr.DIMS: ["boundary"]}, compressible=False))
             _append_rows(bounds, 0, 1, np.zeros(1, dtype=np.int64))
 
@@ -225,69 +230,63 @@ class Store:
             name, shape=(0, *spec.row_shape), maxshape=(None, *spec.row_shape), dtype=dtype,
             chunks=chunk_shape(spec.row_shape, dtype.itemsize, max(1, rows),
                                compressed="compression" in options), **options)
-        attrs = {**spec.attrs, **({Attr.ROWS: ROWS_PER_POSITION} if spec.per_position else {})}
+        attrs = {**spec.attrs, **({Attr.ROWS: ROWS_PER_POSITION} if spec.per_position else {}),
+                 **({Attr.OFFSETS: spec.offsets} if spec.per_position and spec.offsets != OFFSETS
+                    else {})}
         for key, value in attrs.items():
             dataset.attrs[key] = attr_value(value)
         return dataset
 
     def _truncate(self, rows: int, skipped: int) -> None:
         # rows past the last commit may be torn by the crash that ended the previous attempt
-        bounds = self._file.get(OFFSETS)
-        if bounds is not None:
-            self._bound_count = 0
-            self._extend_bounds(bounds[: rows + 1])
+        for name, bounds in self._bounds.items():
+            bounds.reset(self._file[name][: rows + 1])
         for name in _row_datasets(self._file):
             dataset = self._file[name]
-            if dataset == bounds:
+            if name in self._bounds:
                 dataset.resize(rows + 1, axis=0)
             elif name == SKIPPED:
                 dataset.resize(skipped, axis=0)
             else:
                 per_position = dataset.attrs.get(Attr.ROWS) == ROWS_PER_POSITION
-                keep = int(self._bounds[-1]) if per_position else rows
+                keep = self._bounds[bounds_of(dataset.attrs)].end if per_position else rows
                 if h5py.check_vlen_dtype(dataset.dtype) is not None:
                     _clear_past(dataset, keep)
                 dataset.resize(keep, axis=0)
 
     @property
-    def _bounds(self) -> np.ndarray:
-        return self._bound_buffer[:self._bound_count]
-
-    def _extend_bounds(self, ends: np.ndarray) -> None:
-        need = self._bound_count + len(ends)
-        if need > len(self._bound_buffer):
-            grown = np.zeros(max(need, 2 * len(self._bound_buffer)), dtype=np.int64)
-            grown[:self._bound_count] = self._bounds
-            self._bound_buffer = grown
-        self._bound_buffer[self._bound_count:need] = ends
-        self._bound_count = need
-
-    @property
     def positions_written(self) -> int:
-        return int(self._bounds[-1])
+        """The rows per position written so far (those bounded by /offsets)."""
+        return self._bounds[OFFSETS].end if OFFSETS in self._bounds else 0
 
     @property
-    def per_position_keys(self) -> set[str]:
-        """The datasets with one row per stored position."""
-        return set(self._per_position)
+    def per_position_keys(self) -> dict[str, str]:
+        """The datasets with one row per stored position, each with the dataset that bounds
+        its rows."""
+        return dict(self._per_position)
 
     def append(self, index: torch.Tensor, target: torch.Tensor | None,
                values: Mapping[str, torch.Tensor | np.ndarray],
-               lengths: torch.Tensor | np.ndarray | None = None, skipped=()) -> None:
+               lengths: Mapping | torch.Tensor | np.ndarray | None = None, skipped=()) -> None:
         """Write one batch of rows after the ones already written; ``lengths`` (the position
-        rows of each sample) for a run with rows per position; ``skipped``, the dataset indices
+        rows of each sample) for a run with rows per position: one array for the rows /offsets
+        bounds, or one per bounds dataset ({name: lengths}); ``skipped``, the dataset indices
         of samples left out of the batch (dataset.on_error=skip)."""
         start, stop = self.num_written, self.num_written + len(index)
         if self.num_rows is not None and stop > self.num_rows:
             raise ValueError(f"{stop} rows would exceed the run's {self.num_rows}")
-        position_start = self.positions_written
-        if self.per_position and len(index):
-            ends = position_start + np.cumsum(np.asarray(lengths, dtype=np.int64))
-            _append_rows(self._file[OFFSETS], start + 1, stop + 1, ends)
-            self._extend_bounds(ends)
+        if lengths is not None and not isinstance(lengths, Mapping):
+            lengths = {OFFSETS: lengths}
+        firsts = {name: bounds.end for name, bounds in self._bounds.items()}
+        if len(index):
+            for name, bounds in self._bounds.items():
+                ends = bounds.end + np.cumsum(np.asarray(lengths[name], dtype=np.int64))
+                _append_rows(self._file[name], start + 1, stop + 1, ends)
+                bounds.extend(ends)
         for key, value in values.items():
-            first, total = ((position_start, self.num_positions) if key in self._per_position
-                            else (start, self.num_rows))
+            stream = self._per_position.get(key)
+            first, total = ((firsts[stream], self.num_positions if stream == OFFSETS else None)
+                            if stream is not None else (start, self.num_rows))
             array = as_array(value)
             self._write_rows(key, first, array, total)
             self.bytes_written += array.nbytes
@@ -325,7 +324,8 @@ class Store:
         durable = self.num_written
         for key, (first, _) in self._pending.items():
             if key in self._per_position:  # the samples whose rows all lie before `first`
-                first = int(np.searchsorted(self._bounds, first, side="right")) - 1
+                bounds = self._bounds[self._per_position[key]].values
+                first = int(np.searchsorted(bounds, first, side="right")) - 1
             durable = min(durable, first)
         skipped = self._skipped_before(durable)
         # the rows and everything that leads to them first, then the counts that vouch for
@@ -379,9 +379,10 @@ class Store:
         # our own invariant, before a file is called complete: every dataset holds a row per
         # sample (or per position), no fewer, no more
         for name in _row_datasets(self._file):
-            if name in (OFFSETS, SKIPPED):
+            if name in self._bounds or name == SKIPPED:
                 continue
-            want = self.positions_written if name in self._per_position else self.num_written
+            want = (self._bounds[self._per_position[name]].end if name in self._per_position
+                    else self.num_written)
             if len(self._file[name]) != want:
                 raise RuntimeError(f"{name} holds {len(self._file[name])} rows, not {want}; "
                                    "the file is left unfinished")
@@ -393,6 +394,37 @@ class Store:
             self._file.close()
             if self.created and self.num_committed == 0:
                 self.partial.unlink(missing_ok=True)
+
+
+class _Bounds:
+    """The bounds of the samples' rows per position written so far (one more than the
+    samples), in a buffer that doubles when full: a copy per batch would cost the square of a
+    run."""
+
+    def __init__(self):
+        self._buffer, self._count = np.zeros(1024, dtype=np.int64), 1
+
+    @property
+    def values(self) -> np.ndarray:
+        return self._buffer[:self._count]
+
+    @property
+    def end(self) -> int:
+        """Where the next sample's rows begin."""
+        return int(self._buffer[self._count - 1])
+
+    def reset(self, values: np.ndarray) -> None:
+        self._count = 0
+        self.extend(values)
+
+    def extend(self, ends: np.ndarray) -> None:
+        need = self._count + len(ends)
+        if need > len(self._buffer):
+            grown = np.zeros(max(need, 2 * len(self._buffer)), dtype=np.int64)
+            grown[:self._count] = self.values
+            self._buffer = grown
+        self._buffer[self._count:need] = ends
+        self._count = need
 
 
 def close_after(close: Callable[[], None], failed: bool, what: str) -> None:

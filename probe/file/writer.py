@@ -12,9 +12,11 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Mapping
 
 import numpy as np
 
+from probe.file.format import OFFSETS
 from probe.file.store import Store, as_array, close_after
 
 __all__ = ["BackgroundWriter", "WriteFailed"]
@@ -116,23 +118,33 @@ class BackgroundWriter:
                 item = self._queue.get()
 
 
-def in_dataset_order(parts: list, per_position: set[str]) -> tuple:
+def in_dataset_order(parts: list, per_position: Mapping[str, str]) -> tuple:
     """Batches ``(index, target, values, lengths)`` joined into one, rows in the order of their
-    index (dataset order); a sample's rows per position move as one block."""
+    index (dataset order); a sample's rows per position move as one block. ``per_position``:
+    the datasets of rows per position, each with the dataset that bounds them (the key of its
+    lengths, where ``lengths`` are given per bounds)."""
     index = np.concatenate([np.asarray(p[0]) for p in parts])
     order = np.argsort(index, kind="stable")
     target = (None if parts[0][1] is None else
               np.concatenate([np.asarray(p[1]) for p in parts])[order])
-    lengths = (None if parts[0][3] is None else
-               np.concatenate([np.asarray(p[3]) for p in parts]))
-    rows = None
-    if lengths is not None:  # where each sample's rows go: its block, in the new order
-        starts = np.cumsum(lengths) - lengths
-        moved = lengths[order]
-        rows = np.arange(int(moved.sum())) + np.repeat(starts[order] - (np.cumsum(moved) - moved),
-                                                        moved)
+    lengths = parts[0][3]
+    if lengths is not None and not isinstance(lengths, Mapping):
+        parts = [(*p[:3], {OFFSETS: p[3]}) for p in parts]
+    lengths = (None if lengths is None else
+               {name: np.concatenate([np.asarray(p[3][name]) for p in parts])
+                for name in parts[0][3]})
+    rows = {name: _moved_rows(counts, order) for name, counts in (lengths or {}).items()}
     values = {}
     for key in parts[0][2]:
         joined = np.concatenate([as_array(p[2][key]) for p in parts])
-        values[key] = joined[rows] if key in per_position else joined[order]
-    return index[order], target, values, None if lengths is None else lengths[order]
+        values[key] = joined[rows[per_position[key]]] if key in per_position else joined[order]
+    return (index[order], target, values,
+            None if lengths is None else {name: counts[order] for name, counts in lengths.items()})
+
+
+def _moved_rows(lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Where each sample's block of rows goes when the samples take ``order``."""
+    starts = np.cumsum(lengths) - lengths
+    moved = lengths[order]
+    return np.arange(int(moved.sum())) + np.repeat(starts[order] - (np.cumsum(moved) - moved),
+                                                    moved)

@@ -35,11 +35,11 @@ Rows = Callable[[str, torch.Tensor, RowLayout], torch.Tensor]
 class Computed:
     """A batch as computed: its rows to store (every key's, its layout's bookkeeping per
     position, and its rows per sample), the rows each sample has where they are one per
-    position (its layout's ``lengths``), and the events after which the rows' copies from a
-    GPU are done (None: nothing to wait for)."""
+    position, by the dataset that bounds them (its layout's ``bounded_lengths``), and the
+    events after which the rows' copies from a GPU are done (None: nothing to wait for)."""
 
     rows: dict
-    lengths: torch.Tensor | None = None
+    lengths: Mapping[str, torch.Tensor] | None = None
     ready: list | None = None
 
 

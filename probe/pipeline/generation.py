@@ -74,7 +74,7 @@ class GenerationPass:
         texts = [text.replace("\0", "\ufffd") for text in texts]
         stored = {**rows.take(layout, order=self.capture.keys), **layout.bookkeeping_rows,
                   **batch.sample_rows, COMPLETION: np.array(texts, dtype=object)}
-        return Computed(stored, layout.lengths, rows.ready)
+        return Computed(stored, layout.bounded_lengths or None, rows.ready)
 
     def _answered_batch(self, batch: Batch, most: int | None = None
                         ) -> tuple[BatchRows, RowLayout, Answers, int]:

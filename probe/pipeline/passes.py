@@ -28,6 +28,7 @@ from probe.families.base import Family
 from probe.file.format import DatasetSpec
 from probe.pipeline.batch_rows import Computed
 from probe.pipeline.generation import GenerationPass
+from probe.pipeline.generation_decoded import DecodedGenerationPass
 from probe.pipeline.hooks import Capture, StopForward
 from probe.pipeline.objectives import Objective
 
@@ -84,7 +85,9 @@ def pass_for(config: ProbeConfig, model_cfg: DictConfig, family: Family, model: 
         raise ConfigError(f"generate.max_new_tokens={generate.max_new_tokens}: "
                           f"{type(model).__name__} does not generate text; use a language "
                           "model (model=transformers model.name=...), or leave generate out")
-    return GenerationPass(model, family, capture, generate, detokenize, seed=config.seed)
+    # an encoder-decoder's answers are its decoder's rows (probe.pipeline.generation_decoded)
+    generation = DecodedGenerationPass if family.decodes_answers(model) else GenerationPass
+    return generation(model, family, capture, generate, detokenize, seed=config.seed)
 
 
 @dataclass
@@ -113,7 +116,7 @@ class ForwardPass:
                     family.forward(model, batch)
         stored = {**rows.take(order=capture.keys), **layout.bookkeeping_rows,
                   **batch.sample_rows}
-        return Computed(stored, layout.lengths, rows.ready)
+        return Computed(stored, layout.bounded_lengths or None, rows.ready)
 
     def rows(self, layout: RowLayout) -> RowLayout:
         return layout

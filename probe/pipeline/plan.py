@@ -34,7 +34,7 @@ from probe.errors import ConfigError, DataError, OutputError
 from probe.families.base import Family
 from probe.families.build import build_dataset, build_model
 from probe.families.registry import family_for
-from probe.file.format import SKIPPED, Attr, DatasetSpec, FileState, transform_path
+from probe.file.format import SKIPPED, Attr, DatasetSpec, FileState, bounds_of, transform_path
 from probe.file.output import Output
 from probe.file.partial import open_for_reading
 from probe.file.recorded import changes, dumps, loads, recorded_config
@@ -312,7 +312,8 @@ def _specs(capture: Capture, transforms: dict[str, KeyTransform]) -> dict[str, D
             attrs[Attr.COMPONENTS], attrs[Attr.TRANSFORM] = transform.row_shape[0], \
                 "/" + transform_path(key)
         spec = DatasetSpec(transform.row_shape, str(capture.dtype).removeprefix("torch."),
-                           attrs, per_position=transform.per_position)
+                           attrs, per_position=transform.per_position,
+                           offsets=bounds_of(transform.attrs))
         specs.update(capture.compact.specs(key, spec))
     return specs
 

@@ -13,6 +13,8 @@ class here.
     grid.py        PatchGrid (class and register tokens, then patches on a grid)
     parts.py       ImageText (a vision-language model: the language model's positions, and
                    the vision tower's and projector's own layouts)
+    decoded.py     Decoded (an encoder-decoder: the text's positions for its encoder, the
+                   target's for its decoder, each bounded by their own offsets)
 """
 
 from probe.data.layouts.base import (
@@ -25,10 +27,11 @@ from probe.data.layouts.base import (
     feature_dims,
     plain_dims,
 )
+from probe.data.layouts.decoded import Decoded
 from probe.data.layouts.grid import PatchGrid
 from probe.data.layouts.parts import ImageText
 from probe.data.layouts.positions import Answered, Pieces, Positions
 
 __all__ = ["RowLayout", "Axes", "POSITIONS_FIRST", "Stored", "SampleRows", "SAMPLE_ROWS",
-           "Positions", "Pieces", "Answered", "PatchGrid", "ImageText", "plain_dims",
+           "Positions", "Pieces", "Answered", "PatchGrid", "ImageText", "Decoded", "plain_dims",
            "feature_dims"]

@@ -15,7 +15,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from probe.config.schema import Reduce, Tokens
-from probe.file.format import DatasetSpec, split_key
+from probe.file.format import OFFSETS, DatasetSpec, split_key
 
 __all__ = ["RowLayout", "Axes", "POSITIONS_FIRST", "Stored", "SampleRows", "SAMPLE_ROWS",
            "feature_dims", "plain_dims", "feature_pooling"]
@@ -82,6 +82,12 @@ class RowLayout(Protocol):
     # (samples,) on the CPU: the rows each sample stores with tokens=all, where those are one
     # per position; None otherwise
     lengths: torch.Tensor | None
+
+    @property
+    def bounded_lengths(self) -> dict[str, torch.Tensor]:
+        """The rows each sample stores per position, by the dataset that bounds them
+        (/offsets; an encoder-decoder's decoder rows have their own); {} where rows are one
+        per sample."""
 
     def follows(self, key: str, shape: tuple[int, ...], axes: Axes) -> bool:
         """Whether ``key``'s captured (B, ...) value of ``shape`` runs along this layout's
@@ -154,6 +160,10 @@ class Rows:
     to say, no positions of an input sequence."""
 
     lengths = None
+
+    @property
+    def bounded_lengths(self) -> dict[str, torch.Tensor]:
+        return {} if self.lengths is None else {OFFSETS: self.lengths}
 
     def check(self, plain: list[str], gradients: bool) -> None:
         pass

@@ -16,7 +16,7 @@ from probe.data.layouts.positions import Positions
 from probe.errors import ConfigError
 from probe.file.format import DatasetSpec, split_key
 
-__all__ = ["ImageText"]
+__all__ = ["ImageText", "Refused"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,10 @@ class ImageText:
     def lengths(self) -> torch.Tensor | None:
         return self.text.lengths
 
+    @property
+    def bounded_lengths(self) -> dict[str, torch.Tensor]:
+        return self.text.bounded_lengths
+
     def _part(self, layer: str) -> RowLayout | str | None:
         for roots, part in self.parts:
             if any(layer == root or layer.startswith(f"{root}.") for root in roots):
@@ -44,7 +48,7 @@ class ImageText:
         # the layout that ``key``'s values follow: the language model's, or its part's
         part = self._part(split_key(key)[0])
         if isinstance(part, str):
-            return _Refused(part)
+            return Refused(part)
         return self.text if part is None else part
 
     def follows(self, key: str, shape: tuple[int, ...], axes: Axes) -> bool:
@@ -89,7 +93,7 @@ class ImageText:
 
 
 @dataclass(frozen=True)
-class _Refused(Rows):
+class Refused(Rows):
     """The layout of a model part whose layers this batch cannot store: each ask says why."""
 
     line: str

@@ -23,7 +23,7 @@ from torch import nn
 from probe.config.schema import GeneratedRows, Reduce, Tokens
 from probe.data.layouts.base import Axes, Rows, Stored, feature_pooling
 from probe.errors import ConfigError
-from probe.file.format import VALUE_NAMES, Attr, DatasetSpec, split_key
+from probe.file.format import OFFSETS, VALUE_NAMES, Attr, DatasetSpec, split_key
 
 __all__ = ["Positions", "Pieces", "Answered"]
 
@@ -35,12 +35,14 @@ class Positions(Rows):
     ``rows``: bookkeeping per kept position, in order ({"input_ids": (kept,), ...}); ``axis``
     names a position in the file's ``dims`` attr ("token", "frame"); ``answer_fill``: the
     value of a bookkeeping row that the feed made (a vision-language model's /modality,
-    /patch) on a position that a generation adds.
+    /patch) on a position that a generation adds; ``bounds``: the dataset that bounds each
+    sample's rows (/offsets; an encoder-decoder's decoder has its own).
     """
 
     keep: torch.Tensor
     rows: dict[str, torch.Tensor] = field(default_factory=dict)
     axis: str = "token"
+    bounds: str = OFFSETS
     lengths: torch.Tensor | None = field(default=None, compare=False)
     answer_fill: dict[str, int] = field(default_factory=dict, compare=False)
     # ``keep`` on each device that a value was selected on, moved there once
@@ -54,6 +56,10 @@ class Positions(Rows):
         return self.keep.sum(1)
 
     @property
+    def bounded_lengths(self) -> dict[str, torch.Tensor]:
+        return {self.bounds: self.lengths}
+
+    @property
     def length(self) -> int:
         return int(self.keep.shape[1])
 
@@ -63,7 +69,7 @@ class Positions(Rows):
     def stored(self, key: str, shape: tuple[int, ...], axes: Axes, pool: Tokens,
                reduce: Reduce) -> Stored:
         rows, names = axes.others(shape), axes.others(axes.dims(len(shape), self.axis))
-        attrs = {}
+        attrs = {} if self.bounds == OFFSETS else {Attr.OFFSETS: self.bounds}
         if axes.keys:  # padded to the longest sample's positions
             if axes.longest is None:
                 raise ConfigError(
@@ -126,7 +132,8 @@ class Positions(Rows):
                 attrs[Attr.VALUES] = list(VALUE_NAMES[name])
             specs[name] = DatasetSpec(tuple(values.shape[1:]),
                                       str(values.dtype).removeprefix("torch."), attrs,
-                                      compressible=False, per_position=True)
+                                      compressible=False, per_position=True,
+                                      offsets=self.bounds)
         return specs
 
     @property

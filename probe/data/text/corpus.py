@@ -92,7 +92,8 @@ class TextDataset(Dataset):
                  tokenizer: str | None = None, packing: bool = False,
                  exclude_special: bool = False, streaming: bool = False,
                  onset_column: str = "onset", offset_column: str = "offset",
-                 context_tokens: int | None = None, context_stride: int | None = None):
+                 context_tokens: int | None = None, context_stride: int | None = None,
+                 target_column: str | None = None):
         if int(max_length) < 1:
             raise ConfigError(f"dataset.max_length={max_length} must be at least 1")
         self.max_length, self.packing = int(max_length), bool(packing)
@@ -109,6 +110,15 @@ class TextDataset(Dataset):
         if self.packing and self.label_column is not None:
             raise ConfigError("dataset.label_column with dataset.packing=true: a window holds "
                               "several documents, so it has no one label; use packing=false")
+        # an encoder-decoder's target (probe.families.hf_seq2seq): its decoder reads it,
+        # teacher-forced, and stores a row per target token
+        self.target_column = (None if target_column is None else
+                              _column(columns, str(target_column), "target_column", self.source))
+        if self.target_column is not None and (self.packing or self.streaming):
+            key = "packing" if self.packing else "streaming"
+            raise ConfigError(f"dataset.target_column with dataset.{key}=true: a target goes "
+                              f"with its own text, read whole and at once; set {key}=false")
+        self._targets: dict[int, np.ndarray] = {}  # document -> its target's token ids
         self.labels = None
         if self.label_column is not None and not self.streaming:
             self.labels = _labels(np.asarray(self.rows[self.label_column]), self.label_column)
@@ -140,7 +150,29 @@ class TextDataset(Dataset):
         ids = self.tokens([index])[0]
         if index in self.bad:
             raise DataError(self.bad[index])
-        return self.item(ids, target, None)
+        item = self.item(ids, target, None)
+        if self.target_column is not None:
+            item["labels"] = self.target_ids(index)
+        return item
+
+    def target_ids(self, index: int) -> np.ndarray:
+        """The token ids of document ``index``'s target (``target_column``), as the tokenizer
+        makes a target (``text_target``: its end token, a translation model's target
+        vocabulary), truncated to max_length.
+
+        Raises:
+            DataError: a target that is not a string (null, a number), naming it.
+        """
+        if index not in self._targets:
+            text = self.rows[index][self.target_column]
+            if not isinstance(text, str) or not text:
+                raise DataError(bad_sample(index, ValueError(
+                    f"its {self.target_column!r} is {text!r}, not a target text"),
+                    f"row {index} of {self.source}"))
+            ids = self.tokenizer(text_target=[text], add_special_tokens=True, truncation=True,
+                                 max_length=self.max_length)["input_ids"][0]
+            self._targets[index] = np.asarray(ids, dtype=np.int64)
+        return self._targets[index]
 
     def item(self, ids: np.ndarray, target: int, document: np.ndarray | None) -> dict:
         """A sample from its token ids: which positions are stored, its target, documents."""

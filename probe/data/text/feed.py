@@ -37,6 +37,8 @@ __all__ = ["TextFeed", "Sequences"]
 
 log = logging.getLogger(__name__)
 
+IGNORED_LABEL = -100  # a target's padding, which transformers' losses skip
+
 
 class Sequences(Protocol):
     """A dataset of token sequences, as TextFeed reads it (probe.data.text.corpus,
@@ -190,8 +192,13 @@ class TextFeed(Feed):
         sample_rows = {name: np.array([item["sample_columns"][name] for item in items],
                                       dtype=object)  # strings (a story's file) as h5py wants
                        for name in items[0].get("sample_columns", {})}
+        inputs = {"input_ids": ids, "attention_mask": real.long()}
+        if items[0].get("labels") is not None:  # an encoder-decoder's target, padded as
+            # transformers pads one (probe.families.hf_seq2seq reads it)
+            inputs["labels"] = pad_sequence([torch.as_tensor(item["labels"]) for item in items],
+                                            batch_first=True, padding_value=IGNORED_LABEL)
         return Batch(index, torch.tensor([item["target"] for item in items], dtype=torch.int64),
-                     {"input_ids": ids, "attention_mask": real.long()},
+                     inputs,
                      layout=Positions(keep, rows, answer_fill=items[0].get("answer_fill", {})),
                      sample_rows=sample_rows, skipped=skipped)
 

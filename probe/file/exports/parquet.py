@@ -24,12 +24,25 @@ import numpy as np
 
 from probe.errors import ConfigError
 from probe.file.exports.stream import Source
-from probe.file.format import DOCUMENT, GENERATED, INDEX, INPUT_IDS, POSITIONS, TARGET, Attr
+from probe.file.format import (
+    DECODER_INPUT_IDS,
+    DECODER_OFFSETS,
+    DOCUMENT,
+    GENERATED,
+    INDEX,
+    INPUT_IDS,
+    OFFSETS,
+    POSITIONS,
+    TARGET,
+    Attr,
+)
 
 __all__ = ["ParquetExport", "TOKEN_COLUMNS"]
 
 # a token row's own bookkeeping, where the file has it
 TOKEN_COLUMNS = (INPUT_IDS, POSITIONS, DOCUMENT, GENERATED, "modality")
+# those of an encoder-decoder's decoder rows, by the dataset that bounds them
+BOUNDED_COLUMNS = {DECODER_OFFSETS: (DECODER_INPUT_IDS,)}
 
 
 class ParquetExport:
@@ -51,7 +64,17 @@ class ParquetExport:
         first = source.keys[0]
         self.per_token = source.per_token(first)
         self.per_sample = not self.per_token and self.num_rows == source.rows(INDEX)
-        self.token_columns = [name for name in TOKEN_COLUMNS if self.per_token and name in source
+        # an encoder-decoder's encoder rows and its decoder's are tokens of two texts
+        self.bounds = source.bounds(first) if self.per_token else None
+        others = [key for key in source.keys
+                  if self.per_token and source.bounds(key) != self.bounds]
+        if others:
+            raise ConfigError(f"to=parquet writes a table of rows, and {first} has a row per "
+                              f"token of one text (/{self.bounds}), {others[0]} of another "
+                              f"(/{source.bounds(others[0])}); export them apart, each with "
+                              "keys=[...] and its own out_dir")
+        columns = TOKEN_COLUMNS if self.bounds == OFFSETS else BOUNDED_COLUMNS.get(self.bounds, ())
+        self.token_columns = [name for name in columns if self.per_token and name in source
                               and source.rows(name) == self.num_rows]
         # a string a sample, where the rows have a sample each
         self.text_columns = [name for name in source.bookkeeping if source.is_text(name)
@@ -65,7 +88,7 @@ class ParquetExport:
         path = Path(f"{self.source.path.stem}.parquet")
         schema = self._schema(pa)
         bookkeeping = [f.name for f in schema if f.name not in self.source.keys]
-        offsets = self.source.offsets() if self.per_token else None
+        offsets = self.source.offsets(self.bounds) if self.per_token else None
         with pq.ParquetWriter(folder / path, schema, use_dictionary=bookkeeping,
                               compression={n: "snappy" if n in bookkeeping else "none"
                                            for n in schema.names},

@@ -19,7 +19,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from probe.file.format import OFFSETS, ROWS_PER_POSITION, Attr
+from probe.file.format import OFFSETS, ROWS_PER_POSITION, Attr, bounds_of
 from probe.file.read import open_checked
 from probe.file.rows import row_blocks
 
@@ -66,8 +66,13 @@ class Source:
         return len(self[name])
 
     def per_token(self, name: str) -> bool:
-        """Whether ``name`` holds a row per stored token (or frame), bounded by /offsets."""
-        return OFFSETS in self and self[name].attrs.get(Attr.ROWS) == ROWS_PER_POSITION
+        """Whether ``name`` holds a row per stored token (or frame), bounded by /offsets (or,
+        an encoder-decoder's decoder rows, /decoder_offsets: ``bounds``)."""
+        return self.bounds(name) in self and self[name].attrs.get(Attr.ROWS) == ROWS_PER_POSITION
+
+    def bounds(self, name: str) -> str:
+        """The dataset that bounds ``name``'s rows per token, where it has them."""
+        return bounds_of(self[name].attrs)
 
     def is_text(self, name: str) -> bool:
         return h5py.check_string_dtype(self.file._file[name].dtype) is not None
@@ -76,8 +81,8 @@ class Source:
         """The type an export writes: the stored one, float32 for bfloat16 bits."""
         return np.dtype(object) if self.is_text(name) else np.dtype(self[name].dtype)
 
-    def offsets(self) -> np.ndarray:
-        return self.file._file[OFFSETS][:]
+    def offsets(self, bounds: str = OFFSETS) -> np.ndarray:
+        return self.file._file[bounds][:]
 
     def blocks(self, name: str, budget: int, start: int = 0, stop: int | None = None
                ) -> Iterator[tuple[int, np.ndarray]]:

@@ -14,11 +14,12 @@ from torch import nn
 
 from probe.config.compose import compose
 from probe.data.feed import DataKind
+from probe.data.text.corpus import TextDataset
 from probe.errors import ConfigError, ProbeError
 from probe.families.build import build_model
 from probe.families.names import StandardNames
 from probe.families.registry import family_for
-from probe.file.format import Attr
+from probe.file.format import DECODER_INPUT_IDS, Attr, bounds_of
 from probe.pipeline.execute import execute
 from probe.pipeline.plan import plan
 from probe.pipeline.verify.oracle import gradient_alone, outputs_alone, patterns_alone
@@ -52,6 +53,7 @@ class _Session:
     names: StandardNames
     folder: Path
     stack: str  # "encoder." for an encoder-decoder (its encoder is what text runs), else ""
+    targets: list[list[int]]  # an encoder-decoder's: each text's target, as token ids
 
     def run(self, name: str, *extra: str) -> Path:
         cfg = compose([*self.overrides, *extra, f"output.path={self.folder / name}.h5",
@@ -63,7 +65,11 @@ def run_checks(overrides: list[str], texts: Sequence[str], folder: Path) -> dict
     """Every check's verdict (see probe.pipeline.verify)."""
     folder.mkdir(parents=True, exist_ok=True)
     corpus = folder / "texts.jsonl"
-    corpus.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    # an encoder-decoder's target (its decoder's rows, teacher-forced): the text's words
+    # backwards
+    targets = [" ".join(text.split()[::-1]) for text in texts]
+    corpus.write_text("".join(json.dumps({"text": text, "target": target}) + "\n"
+                              for text, target in zip(texts, targets, strict=True)))
     overrides = [*overrides, "dataset=text", f"dataset.path={corpus}", "batch_size=3",
                  "hooks=[forward]", "tokens=all", "reduce=none", "output.dtype=float32"]
     base = compose(overrides)
@@ -76,8 +82,11 @@ def run_checks(overrides: list[str], texts: Sequence[str], folder: Path) -> dict
     if names is None or names.refused is not None:
         why = "its family has no standard names" if names is None else names.refused
         return dict.fromkeys(CHECKS, Verdict("refused", why))
-    session = _Session(overrides, model, names, folder,
-                       "encoder." if "encoder" in names.stacks else "")
+    stack = "encoder." if "encoder" in names.stacks else ""
+    if stack:  # as the run tokenizes them (dataset.target_column)
+        tokenizer = TextDataset(path=str(corpus), tokenizer=str(base.dataset.tokenizer)).tokenizer
+        targets = [tokenizer(text_target=target)["input_ids"] for target in targets]
+    session = _Session(overrides, model, names, folder, stack, targets)
     verdicts = {}
     for check in (_forward, _attention, _generation, _gradients):
         try:
@@ -94,11 +103,12 @@ def run_checks(overrides: list[str], texts: Sequence[str], folder: Path) -> dict
 
 
 def _samples(path: Path, *keys: str) -> list[dict[str, np.ndarray]]:
+    # each sample's rows of every key (and of its token ids), by the bounds of each
     with h5py.File(path) as f:
-        bounds = f["offsets"][:]
-        columns = {key: f[key][:] for key in ("input_ids", *keys) if key in f}
-    return [{key: value[a:b] for key, value in columns.items()}
-            for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        columns = {key: (f[key][:], f[bounds_of(f[key].attrs)][:])
+                   for key in ("input_ids", DECODER_INPUT_IDS, *keys) if key in f}
+    return [{key: value[bounds[n]:bounds[n + 1]] for key, (value, bounds) in columns.items()}
+            for n in range(len(columns["input_ids"][1]) - 1)]
 
 
 def _compare(what: str, ours: np.ndarray, theirs: np.ndarray) -> float:
@@ -163,6 +173,8 @@ def _generation(session: _Session) -> dict[str, Verdict]:
     path = session.run("generation", f"layers=[{middle}]", f"generate.max_new_tokens={_NEW}")
     with h5py.File(path) as f:
         module = json.loads(f.attrs[Attr.MODULES])[middle]
+        if session.stack:
+            return _decoded_generation(session, path, middle, module)
         generated = f["generated"][:]
         bounds = f["offsets"][:]
     worst = 0.0
@@ -181,17 +193,39 @@ def _generation(session: _Session) -> dict[str, Verdict]:
                                           f"{worst:.1g}")}
 
 
+def _decoded_generation(session: _Session, path: Path, middle: str, module: str
+                        ) -> dict[str, Verdict]:
+    """An encoder-decoder's answers: its decoder's rows of each step against the model run on
+    the prompt with the tokens the steps read, and each token read the argmax of the step
+    before."""
+    worst = 0.0
+    for n, sample in enumerate(_samples(path, f"{middle}/output")):
+        read = sample[DECODER_INPUT_IDS]
+        alone, logits = outputs_alone(session.model, sample["input_ids"], [module], read)
+        worst = max(worst, _compare(f"{middle}'s rows of answer {n}", sample[f"{middle}/output"],
+                                    alone[module]))
+        greedy = logits[:-1].argmax(-1)
+        if not (greedy == read[1:]).all():
+            raise _Wrong(f"answer {n} is {read[1:].tolist()}, the teacher-forced argmax "
+                         f"{greedy.tolist()}")
+    return {"generation": Verdict("pass", f"{_NEW} greedy tokens a prompt, the decoder's rows "
+                                          f"within {worst:.1g}")}
+
+
 def _gradients(session: _Session) -> dict[str, Verdict]:
     model = session.model
     objective = "nll" if hasattr(model, "can_generate") and model.can_generate() else "top1"
-    middle = f"{session.stack}blocks.50%"
+    # an encoder-decoder's nll is its target's, through its decoder
+    middle = f"{session.stack.replace('encoder.', 'decoder.')}blocks.50%"
+    target = ["dataset.target_column=target"] if session.stack else []
     path = session.run("gradients", f"layers=[{middle}]", "hooks=[backward]",
-                       f"objective={objective}")
+                       f"objective={objective}", *target)
     with h5py.File(path) as f:
         module = json.loads(f.attrs[Attr.MODULES])[middle]
     worst = 0.0
     for n, sample in enumerate(_samples(path, f"{middle}/grad_output")):
-        alone = gradient_alone(model, sample["input_ids"], module, objective)
+        alone = gradient_alone(model, sample["input_ids"], module, objective,
+                               session.targets[n] if session.stack else None)
         worst = max(worst, _compare(f"{middle}'s gradient of text {n}",
                                     sample[f"{middle}/grad_output"], alone))
     return {"gradients": Verdict("pass", f"d {objective} / d {middle}, within {worst:.1g}")}
