@@ -85,10 +85,12 @@ def test_the_capture_kinds_table_is_the_built_in_kinds():
 
 def test_the_passes_table_is_the_passes():
     import probe.pipeline.generation
+    import probe.pipeline.generation_decoded
     import probe.pipeline.interventions
     import probe.pipeline.passes
 
     modules = {"ForwardPass": probe.pipeline.passes, "GenerationPass": probe.pipeline.generation,
+               "DecodedGenerationPass": probe.pipeline.generation_decoded,
                "Intervened": probe.pipeline.interventions}
     named = {row[0].strip("`") for row in _table("pass")}
     assert named == set(modules)

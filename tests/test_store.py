@@ -153,3 +153,37 @@ def test_strings_written_after_the_last_commit_do_not_break_the_resume(tmp_path)
     with probe.open(path) as f:
         assert [name.decode() for name in f["file"][:]] == list(names)
         np.testing.assert_array_equal(f["x/output"][:], values.numpy())
+
+
+def test_rows_of_two_bounds_resume_after_a_kill(tmp_path):
+    """An encoder-decoder's encoder rows (/offsets) and decoder rows (/decoder_offsets) differ
+    in count: each stream is truncated to the last commit and goes on from there."""
+    from probe.file.format import DECODER_OFFSETS, OFFSETS
+
+    specs = {"enc/output": DatasetSpec((2,), "float32", per_position=True),
+             "dec/output": DatasetSpec((2,), "float32", per_position=True,
+                                       bounds=DECODER_OFFSETS)}
+    path = tmp_path / "r.h5"
+
+    def put(store, first, source, target):
+        values = {"enc/output": np.full((sum(source), 2), first, np.float32),
+                  "dec/output": np.full((sum(target), 2), -first, np.float32)}
+        store.append(np.arange(first, first + len(source)), None, values,
+                     lengths={OFFSETS: np.array(source), DECODER_OFFSETS: np.array(target)})
+
+    store = Store(path, config_yaml="x", num_rows=4, datasets=specs, has_target=False,
+                  per_position=True)
+    put(store, 0, [3, 1], [2, 5])
+    store.commit()
+    put(store, 2, [2], [1])  # written, never committed: a kill comes now
+    store._file.close()
+    store = Store(path, config_yaml="x", num_rows=4, datasets=specs, has_target=False,
+                  per_position=True, resume_from=2)
+    put(store, 2, [2, 2], [1, 3])
+    store.finish()
+    with h5py.File(path) as f:
+        assert f["offsets"][:].tolist() == [0, 3, 4, 6, 8]
+        assert f["decoder_offsets"][:].tolist() == [0, 2, 7, 8, 11]
+        assert f["dec/output"].attrs["offsets"] == "decoder_offsets"
+        assert f["enc/output"][:, 0].tolist() == [0] * 4 + [2] * 4
+        assert f["dec/output"][:, 0].tolist() == [0] * 7 + [-2] * 4

@@ -40,7 +40,7 @@ import numpy as np
 
 __all__ = [
     "INDEX", "TARGET", "OFFSETS", "INPUT_IDS", "POSITIONS", "DOCUMENT", "FILE", "SKIPPED",
-    "DECODER_OFFSETS", "DECODER_INPUT_IDS", "bounds_of",
+    "DECODER_OFFSETS", "DECODER_INPUT_IDS", "DEFAULT_BOUNDS", "bounds_of",
     "CAPTION", "TRANSCRIPT", "GENERATED", "COMPLETION", "MODALITY", "PATCH", "VALUE_NAMES",
     "LOSS_MASK", "ROLE", "ONSET", "DURATION",
     "TRANSFORM", "SCALE_SUFFIX", "scale_key", "transform_path", "in_transform",
@@ -59,6 +59,7 @@ DOCUMENT = "document"
 # count differs from the encoder's rows', so they have bounds of their own, which each of
 # their datasets names in its attr Attr.OFFSETS
 DECODER_OFFSETS = "decoder_offsets"
+DEFAULT_BOUNDS = OFFSETS  # what bounds rows per position where their dataset names nothing else
 DECODER_INPUT_IDS = "decoder_input_ids"
 FILE = "file"  # each row's file, relative to the dataset's root (file-backed datasets)
 SKIPPED = "skipped"  # the dataset indices that dataset.on_error=skip left out
@@ -225,7 +226,7 @@ class DatasetSpec:
     attrs: dict = field(default_factory=dict)
     compressible: bool = True  # index and target stay unfiltered, like the rows' bookkeeping
     per_position: bool = False  # one row per stored position (token) instead of per sample
-    offsets: str = OFFSETS  # with per_position: the dataset that bounds each sample's rows
+    bounds: str = OFFSETS  # with per_position: the dataset that bounds each sample's rows
 
     @property
     def stored_dtype(self) -> np.dtype:

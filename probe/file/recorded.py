@@ -48,13 +48,15 @@ ADDED_KEYS = {"reduce_components": None, "reduce_fit_samples": 256,
               **(_STORY_KEYS := {"dataset.onset_column": "onset",
                                  "dataset.offset_column": "offset",
                                  "dataset.context_tokens": None,
-                                 "dataset.context_stride": None})}
+                                 "dataset.context_stride": None}),
+              "dataset.target_column": None}
 
 
 # keys added after 0.2 that a file records only where set: a run that leaves them at their
 # default writes the config that 0.2 wrote
 QUIET_DEFAULTS = {"intervene": None, "verify": True, "reduce_components": None,
-                  "reduce_fit_samples": 256, "output.fidelity_rows": 256, **_STORY_KEYS}
+                  "reduce_fit_samples": 256, "output.fidelity_rows": 256, **_STORY_KEYS,
+                  "dataset.target_column": None}
 
 
 def recorded_config(values: dict, prefix: str = "") -> dict:

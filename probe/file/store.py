@@ -6,9 +6,9 @@ attr is updated and the file flushed); a later run with the same config resumes 
 datasets are created when the store opens, from the shapes the run's dry run found; names and
 attrs follow probe.file.format.
 
-A run may also store rows per position (the layout's ``/offsets`` then bound each sample's
-rows; an encoder-decoder's decoder rows have bounds of their own, ``/decoder_offsets``), and a
-sample counts as committed once all its rows are.
+A run may also store rows per position, whose bounds datasets (DEFAULT_BOUNDS, or the one a
+dataset's spec names: an encoder-decoder's decoder rows have their own) bound each sample's
+rows, and a sample counts as committed once all its rows are.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import torch
 
 from probe.errors import ConfigError
 from probe.file.format import (
+    DEFAULT_BOUNDS,
     INDEX,
-    OFFSETS,
     ROWS_PER_POSITION,
     SKIPPED,
     TARGET,
@@ -134,11 +134,11 @@ class Store:
         # dataset read as it comes): num_samples is then -1 until finish()
         self.path, self.num_rows, self.num_positions = Path(path), num_rows, num_positions
         self.per_position = per_position
-        # the datasets that bound rows per position: /offsets, and any a spec names
+        # the datasets that bound rows per position: the default one, and any a spec names
         self._bounds = {name: _Bounds() for name in
-                        [*([OFFSETS] if per_position else []),
-                         *sorted({spec.offsets for spec in datasets.values()
-                                  if spec.per_position and spec.offsets != OFFSETS})]}
+                        [*([DEFAULT_BOUNDS] if per_position else []),
+                         *sorted({spec.bounds for spec in datasets.values()
+                                  if spec.per_position and spec.bounds != DEFAULT_BOUNDS})]}
         # what a chunk is sized by where the counts are not known: a bound or an estimate (rows
         # a pass adds as it goes, a feed that counts them only as it reads); a small run makes
         # a small file
@@ -231,8 +231,8 @@ class Store:
             chunks=chunk_shape(spec.row_shape, dtype.itemsize, max(1, rows),
                                compressed="compression" in options), **options)
         attrs = {**spec.attrs, **({Attr.ROWS: ROWS_PER_POSITION} if spec.per_position else {}),
-                 **({Attr.OFFSETS: spec.offsets} if spec.per_position and spec.offsets != OFFSETS
-                    else {})}
+                 **({Attr.OFFSETS: spec.bounds}
+                    if spec.per_position and spec.bounds != DEFAULT_BOUNDS else {})}
         for key, value in attrs.items():
             dataset.attrs[key] = attr_value(value)
         return dataset
@@ -256,8 +256,8 @@ class Store:
 
     @property
     def positions_written(self) -> int:
-        """The rows per position written so far (those bounded by /offsets)."""
-        return self._bounds[OFFSETS].end if OFFSETS in self._bounds else 0
+        """The rows per position written so far (those of the default bounds)."""
+        return self._bounds[DEFAULT_BOUNDS].end if DEFAULT_BOUNDS in self._bounds else 0
 
     @property
     def per_position_keys(self) -> dict[str, str]:
@@ -269,14 +269,14 @@ class Store:
                values: Mapping[str, torch.Tensor | np.ndarray],
                lengths: Mapping | torch.Tensor | np.ndarray | None = None, skipped=()) -> None:
         """Write one batch of rows after the ones already written; ``lengths`` (the position
-        rows of each sample) for a run with rows per position: one array for the rows /offsets
-        bounds, or one per bounds dataset ({name: lengths}); ``skipped``, the dataset indices
-        of samples left out of the batch (dataset.on_error=skip)."""
+        rows of each sample) for a run with rows per position: one array for the rows of the
+        default bounds, or one per bounds dataset ({name: lengths}); ``skipped``, the dataset
+        indices of samples left out of the batch (dataset.on_error=skip)."""
         start, stop = self.num_written, self.num_written + len(index)
         if self.num_rows is not None and stop > self.num_rows:
             raise ValueError(f"{stop} rows would exceed the run's {self.num_rows}")
         if lengths is not None and not isinstance(lengths, Mapping):
-            lengths = {OFFSETS: lengths}
+            lengths = {DEFAULT_BOUNDS: lengths}
         firsts = {name: bounds.end for name, bounds in self._bounds.items()}
         if len(index):
             for name, bounds in self._bounds.items():
@@ -284,9 +284,10 @@ class Store:
                 _append_rows(self._file[name], start + 1, stop + 1, ends)
                 bounds.extend(ends)
         for key, value in values.items():
-            stream = self._per_position.get(key)
-            first, total = ((firsts[stream], self.num_positions if stream == OFFSETS else None)
-                            if stream is not None else (start, self.num_rows))
+            bounds = self._per_position.get(key)
+            main = bounds == DEFAULT_BOUNDS  # the only rows per position counted beforehand
+            first, total = ((firsts[bounds], self.num_positions if main else None)
+                            if bounds is not None else (start, self.num_rows))
             array = as_array(value)
             self._write_rows(key, first, array, total)
             self.bytes_written += array.nbytes

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from probe.file.format import OFFSETS
+from probe.file.format import DEFAULT_BOUNDS
 from probe.file.store import Store, as_array, close_after
 
 __all__ = ["BackgroundWriter", "WriteFailed"]
@@ -129,7 +129,7 @@ def in_dataset_order(parts: list, per_position: Mapping[str, str]) -> tuple:
               np.concatenate([np.asarray(p[1]) for p in parts])[order])
     lengths = parts[0][3]
     if lengths is not None and not isinstance(lengths, Mapping):
-        parts = [(*p[:3], {OFFSETS: p[3]}) for p in parts]
+        parts = [(*p[:3], {DEFAULT_BOUNDS: p[3]}) for p in parts]
     lengths = (None if lengths is None else
                {name: np.concatenate([np.asarray(p[3][name]) for p in parts])
                 for name in parts[0][3]})

@@ -313,7 +313,7 @@ def _specs(capture: Capture, transforms: dict[str, KeyTransform]) -> dict[str, D
                 "/" + transform_path(key)
         spec = DatasetSpec(transform.row_shape, str(capture.dtype).removeprefix("torch."),
                            attrs, per_position=transform.per_position,
-                           offsets=bounds_of(transform.attrs))
+                           bounds=bounds_of(transform.attrs))
         specs.update(capture.compact.specs(key, spec))
     return specs
 

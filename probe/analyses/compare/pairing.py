@@ -126,6 +126,14 @@ def _row_kind(fa: FeatureFile, keys_a: list[str], fb: FeatureFile | None,
             f"{token} holds one row per token (tokens=all) and {sample} one row per sample; "
             "compare keys of one kind of rows (pick them with keys= and other_keys=), or run "
             "probe with tokens=last or tokens=mean for one row per document")
+    decoded = [key for key in keys_a if kinds[key] and fa[key].attrs.get("offsets")] + [
+        f"other's {key}" for key in keys_b if fb is not None and fb.per_token(key)
+        and fb[key].attrs.get("offsets")]
+    if decoded:  # an encoder-decoder's decoder rows: a target's tokens, not the text's
+        raise ConfigError(
+            f"{decoded[0]} holds a row per token of a decoder's target (/decoder_offsets), "
+            "which compare does not pair yet; compare its encoder's keys, or run probe with "
+            "tokens=mean for one row per sample")
     return bool(next(iter(kinds.values())))
 
 

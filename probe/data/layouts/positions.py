@@ -133,7 +133,7 @@ class Positions(Rows):
             specs[name] = DatasetSpec(tuple(values.shape[1:]),
                                       str(values.dtype).removeprefix("torch."), attrs,
                                       compressible=False, per_position=True,
-                                      offsets=self.bounds)
+                                      bounds=self.bounds)
         return specs
 
     @property

@@ -114,7 +114,7 @@ class Float8(Encoding):
         scale = DatasetSpec(spec.row_shape[:kept], "float32",
                             {Attr.SCALE_OF: split_key(key)[1],
                              **({Attr.DIMS: list(dims)[:1 + kept]} if dims else {})},
-                            per_position=spec.per_position, offsets=spec.offsets)
+                            per_position=spec.per_position, bounds=spec.bounds)
         own = replace(spec, attrs={**spec.attrs, Attr.DTYPE: FLOAT8,
                                    Attr.ENCODING: f"{FLOAT8}: value = decode_table[byte] * "
                                                   "scale",
