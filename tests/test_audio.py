@@ -563,3 +563,83 @@ def test_frames_and_clips_know_their_time(make_cfg, wav2vec2, clips):
             f["duration"][:], [lengths[name.split("/")[-1]] for name in
                                f["file"][:].astype(str)])
         assert f["onset"].dtype == np.float64 and list(f["duration"].attrs["dims"]) == ["sample"]
+
+
+def test_whispers_decoder_reads_each_transcript_teacher_forced(make_cfg, clips, tmp_path):
+    """An encoder-decoder's decoder, fed each clip's transcript (dataset.transcript_column):
+    a row per transcript token, bounded by /decoder_offsets, equal to the model run on each
+    clip and its transcript alone; without the column, hooking the decoder is one line."""
+    from transformers import AutoFeatureExtractor, AutoTokenizer, WhisperModel
+    from transformers.models.whisper.modeling_whisper import shift_tokens_right
+
+    from tests.tiny_audio import ctc_tokenizer
+
+    model_dir = ctc_tokenizer(tiny_whisper(tmp_path / "whisper", seconds=2))
+    files = _files(clips)[:3]
+    texts = ["abc", "bad cab", "hide"]
+    listing = tmp_path / "speech.jsonl"
+    listing.write_text("".join(json.dumps({"audio": str(p), "text": t}) + "\n"
+                               for p, t in zip(files, texts, strict=True)))
+    layers = "encoder.blocks.1,decoder.blocks.0,decoder.blocks.0.cross_attention"
+    path = probe.run(audio_cfg(make_cfg, model_dir, f"dataset.path={listing}",
+                               "dataset.transcript_column=text", f"layers=[{layers}]",
+                               "batch_size=3"))
+    extractor = AutoFeatureExtractor.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = WhisperModel.from_pretrained(model_dir).eval()
+    seen = {}
+    block = model.decoder.layers[0]
+    block.register_forward_hook(lambda m, a, out: seen.update(v=out[0] if isinstance(
+        out, tuple) else out))
+    with probe.open(path) as f:
+        ends, read = f["decoder_offsets"][:], f["decoder_input_ids"][:]
+        for i, (file, text) in enumerate(zip(files, texts, strict=True)):
+            labels = torch.tensor([tokenizer(text_target=text).input_ids])
+            shifted = shift_tokens_right(labels, 0, 1)
+            assert ends[i + 1] - ends[i] == labels.shape[1]
+            np.testing.assert_array_equal(read[ends[i]:ends[i + 1]], shifted[0].numpy())
+            inputs = extractor(read_wav(file)[0], sampling_rate=16000, return_tensors="pt")
+            with torch.no_grad():
+                model(input_features=inputs["input_features"], decoder_input_ids=shifted)
+            np.testing.assert_allclose(f.rows_of("decoder.blocks.0/output", row=i),
+                                       seen["v"][0].numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ConfigError, match="dataset.transcript_column") as caught:
+        probe.run(audio_cfg(make_cfg, model_dir, f"dataset.path={listing}",
+                            "layers=[decoder.blocks.0]", output=tmp_path / "none.h5"))
+    assert "\n" not in str(caught.value)
+
+
+def test_whispers_nll_gradients_are_each_transcripts_loss(make_cfg, clips, tmp_path):
+    """objective=nll of an encoder-decoder with a language-model head: each clip's transcript
+    loss through its decoder, as transformers' own loss of the clip alone differentiates."""
+    from transformers import (
+        AutoFeatureExtractor,
+        AutoTokenizer,
+        WhisperConfig,
+        WhisperForConditionalGeneration,
+    )
+
+    from tests.tiny_audio import ctc_tokenizer
+
+    model_dir = ctc_tokenizer(tiny_whisper(tmp_path / "whisper", seconds=2))
+    torch.manual_seed(0)
+    model = WhisperForConditionalGeneration(WhisperConfig.from_pretrained(model_dir)).eval()
+    model.save_pretrained(model_dir)
+    files, texts = _files(clips)[:2], ["abc", "hide"]
+    listing = tmp_path / "speech.jsonl"
+    listing.write_text("".join(json.dumps({"audio": str(p), "text": t}) + "\n"
+                               for p, t in zip(files, texts, strict=True)))
+    path = probe.run(make_cfg("model=transformers", f"model.name={model_dir}", "dataset=audio",
+                              f"dataset.path={listing}", "dataset.transcript_column=text",
+                              "layers=[decoder.blocks.0]", "hooks=[backward]", "objective=nll",
+                              "batch_size=2"))
+    extractor = AutoFeatureExtractor.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    with probe.open(path) as f:
+        for i, (file, text) in enumerate(zip(files, texts, strict=True)):
+            inputs = extractor(read_wav(file)[0], sampling_rate=16000, return_tensors="pt")
+            labels = torch.tensor([tokenizer(text_target=text).input_ids])
+            want = _layer_grads(model, {**inputs, "labels": labels}, "model.decoder.layers.0",
+                                lambda out: out.loss)
+            np.testing.assert_allclose(f.rows_of("decoder.blocks.0/grad_output", row=i), want,
+                                       rtol=1e-4, atol=1e-6)

@@ -7,28 +7,40 @@ extractor makes; its length function tells that feed how many real frames a clip
 model's own ``_get_feat_extract_output_lengths``: wav2vec2's strided convolutions, Whisper's
 two), so that
 outputs of shape (clips, frames, ...) give one row per real frame, padding never stored. An
-encoder-decoder (Whisper) runs its encoder, and its decoder on one start token only (not at
-all when every hooked layer is in the encoder). Objectives: ``top1`` and ``target`` of an
-audio classification head; ``nll`` of a CTC head, the CTC loss of each clip's transcript
-(``dataset.transcript_column``).
+encoder-decoder (Whisper) runs its encoder, and its decoder on each clip's transcript
+(``dataset.transcript_column``, tokenized by the checkpoint's tokenizer as a target),
+teacher-forced, with a row per transcript token (probe.families.hf_seq2seq); without a
+transcript, on its start token only (not at all when every hooked layer is in the encoder),
+its layers refused. Objectives: ``top1`` and ``target`` of an audio classification head;
+``nll`` of a CTC head, the CTC loss of each clip's transcript, and of an encoder-decoder, the
+transcript's loss through its decoder.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from probe.config.schema import Reduce
 from probe.data.feed import Batch, DataKind, Feed
+from probe.data.layouts import RowLayout
 from probe.errors import ConfigError
 from probe.families.base import Family
 from probe.families.hf_attention import eager_patterns
+from probe.families.hf_generation import nll
 from probe.families.hf_names import hf_names
-from probe.families.hf_seq2seq import with_decoder_start
+from probe.families.hf_seq2seq import (
+    IGNORED,
+    decoded_layout,
+    is_encoder_decoder,
+    with_decoder_start,
+)
 from probe.families.hf_verify import verify_run
-from probe.families.hub import require_head, required_logits, target
+from probe.families.hub import head_of, require_head, required_logits, target
 from probe.file.format import TRANSCRIPT
 
 __all__ = ["AudioFamily", "AUDIO", "ctc_nll"]
@@ -72,15 +84,20 @@ class AudioFamily(Family):
     def output_lengths(self, model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
         return _Lengths(model)
 
+    def layout(self, model: nn.Module, batch: Batch) -> RowLayout:
+        # an encoder-decoder's: its decoder's rows are its transcript's (hf_seq2seq)
+        return decoded_layout(model, with_transcript(model, batch), batch.layout)
+
     def forward(self, model: nn.Module, batch: Batch, *, input_grad: bool = False):
         # the extractor gives float32; a model in bfloat16 or float16 reads its own type
         inputs = {key: value.to(model.dtype) if value.is_floating_point() else value
-                  for key, value in batch.inputs.items()}
+                  for key, value in with_transcript(model, batch).inputs.items()}
         if input_grad:  # sound is a float input: the graph starts at it
             name = model.main_input_name
             inputs[name] = inputs[name].detach().requires_grad_()
         # an encoder-decoder (Whisper) runs whole (its hooks see a pass start), its decoder on
-        # its start token only; a run that hooks the encoder alone stops before the decoder
+        # the transcript or its start token; a run that hooks the encoder alone stops before
+        # the decoder
         return model(**with_decoder_start(model, inputs))
 
     def logits(self, output) -> torch.Tensor | None:
@@ -89,7 +106,7 @@ class AudioFamily(Family):
     def objective(self, name: str, model: nn.Module) -> Callable:
         named = {"top1": (_top1, _CLASSIFIERS),
                  "target": (target, _CLASSIFIERS),
-                 "nll": (None, ("ctc",))}
+                 "nll": (None, ("ctc", "seq2seq_lm"))}
         if name not in named:
             raise ConfigError(f"objective={name!r} is unknown for an audio model; use top1 or "
                               "target (model.head=audio_classification), nll (model.head=ctc, "
@@ -97,8 +114,8 @@ class AudioFamily(Family):
                               "callable")
         function, heads = named[name]
         require_head(model, name, heads)
-        if name == "nll":
-            function = _ctc_nll(model)
+        if name == "nll":  # a transcript's: by CTC, or through a decoder, teacher-forced
+            function = _ctc_nll(model) if head_of(model) == "ctc" else _decoded_nll(model)
         return lambda output, batch: function(
             required_logits(output, "audio_classification or ctc"), batch)
 
@@ -119,20 +136,64 @@ class _Lengths:
         return self.model_class._get_feat_extract_output_lengths(self, real)
 
 
+def with_transcript(model: nn.Module, batch: Batch) -> Batch:
+    """``batch`` with each clip's transcript as an encoder-decoder's target (``labels``,
+    padded as transformers pads them), where the model is one and the batch has transcripts,
+    a clip a row (a clip fed in windows has one transcript for several rows: none)."""
+    texts = batch.sample_rows.get(TRANSCRIPT)
+    if (not is_encoder_decoder(model) or texts is None or "labels" in batch.inputs
+            or len(texts) != len(next(iter(batch.inputs.values())))):
+        return batch
+    tokenizer = _tokenizer(model, "an encoder-decoder reads each clip's transcript")
+    start = model.config.decoder_start_token_id
+    rows = []
+    for ids in tokenizer(text_target=[str(text) for text in texts]).input_ids:
+        # a tokenizer that puts the start token first (Whisper's): the shift puts it there
+        # again, so it goes, as transformers' own recipe for Whisper's targets does
+        rows.append(torch.tensor(ids[1:] if ids and ids[0] == start else ids))
+    labels = nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=IGNORED)
+    device = next(iter(batch.inputs.values())).device
+    return replace(batch, inputs={**batch.inputs, "labels": labels.to(device)})
+
+
+def _decoded_nll(model: nn.Module) -> Callable:
+    def transcripts_nll(logits: torch.Tensor, batch) -> torch.Tensor:
+        if TRANSCRIPT not in batch.sample_rows:
+            raise ConfigError("objective=nll of an encoder-decoder scores each clip's "
+                              "transcript through its decoder; set dataset.transcript_column="
+                              "<a column of dataset.path>")
+        return nll(logits, with_transcript(model, batch))
+    return transcripts_nll
+
+
 def _top1(logits: torch.Tensor, batch) -> torch.Tensor:
     return logits.amax(1)
 
 
-def _ctc_nll(model: nn.Module) -> Callable:
+@functools.cache
+def _tokenizer_of(name: str):
     from transformers import AutoTokenizer
 
+    return AutoTokenizer.from_pretrained(name)
+
+
+def _tokenizer(model: nn.Module, why: str):
+    """The checkpoint's tokenizer, which reads its transcripts.
+
+    Raises:
+        ConfigError: the checkpoint has none that loads.
+    """
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model.name_or_path)
-    except (OSError, ValueError) as err:
+        return _tokenizer_of(str(model.name_or_path))
+    except (OSError, ValueError, TypeError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ConfigError(f"objective=nll scores transcripts with the CTC checkpoint's "
-                          f"tokenizer, and {model.name_or_path!r} has none that loads ({first})"
-                          "; save the tokenizer beside the model") from None
+        raise ConfigError(f"{why} with the checkpoint's tokenizer, and "
+                          f"{model.name_or_path!r} has none that loads ({first}); save the "
+                          "tokenizer beside the model") from None
+
+
+def _ctc_nll(model: nn.Module) -> Callable:
+    tokenizer = _tokenizer(model, "objective=nll scores transcripts")
     blank = int(model.config.pad_token_id or 0)
     return lambda logits, batch: ctc_nll(logits, batch, tokenizer, blank)
 

@@ -117,6 +117,6 @@ def decoded_layout(model: nn.Module, batch: Batch, source: RowLayout) -> RowLayo
 
 _WITHOUT_TARGET = (
     "{layer} is in the decoder of {model}, an encoder-decoder, and the data gives it no target "
-    "to read: its rows are a target's tokens, teacher-forced; name the target texts with "
-    "dataset.target_column (dataset=text; an audio dataset's transcript_column), or hook the "
-    "encoder's blocks")
+    "to read: its rows are a target's tokens, teacher-forced; name the targets with "
+    "dataset.target_column (dataset=text) or dataset.transcript_column (dataset=audio, whole "
+    "clips), or hook the encoder's blocks")
