@@ -138,6 +138,11 @@ ARCHITECTURES: dict[str, Arch] = {arch.name: arch for arch in [
              relative_attention_max_distance=16),
     _seq2seq("bart", "Bart", **ENCODER_DECODER),
     _seq2seq("marian", "Marian", "MTModel", **ENCODER_DECODER),
+    # its encoder and decoder are Gemma 2 stacks, each with a config of its own (tiny_config
+    # sizes each)
+    _seq2seq("t5gemma", "T5Gemma", encoder={"sliding_window": WINDOW,
+                                            "layer_types": ALTERNATING},
+             decoder={"sliding_window": WINDOW, "layer_types": ALTERNATING}),
     _seq2seq("whisper", "Whisper", **ENCODER_DECODER, num_mel_bins=16,
              max_source_positions=50 * WHISPER_SECONDS, max_target_positions=128),
 ]}
@@ -192,13 +197,8 @@ def tiny_config(name: str, tokenizer=None):
 
     arch = ARCHITECTURES[name]
     config_class = getattr(transformers, arch.config_class)
-    fields = {f.name for f in dataclasses.fields(config_class)}
-    kwargs = {}
-    for key, value in SIZES.items():
-        key = key if key in fields else config_class.attribute_map.get(key, key)
-        if key in fields:
-            kwargs.setdefault(key, value)
     tokenizer = arch_tokenizer(name) if tokenizer is None else tokenizer
+    kwargs = _sized(config_class)
     ids = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
            "eos_token_id": tokenizer.eos_token_id, "cls_token_id": tokenizer.cls_token_id,
            "sep_token_id": tokenizer.sep_token_id,
@@ -206,8 +206,27 @@ def tiny_config(name: str, tokenizer=None):
            "decoder_start_token_id": {"whisper": tokenizer.bos_token_id,
                                       "bart": tokenizer.eos_token_id
                                       }.get(name, tokenizer.pad_token_id)}
+    fields = {f.name for f in dataclasses.fields(config_class)}
     kwargs |= {key: value for key, value in ids.items() if key in fields and value is not None}
-    return config_class(**{**kwargs, "vocab_size": len(tokenizer), **arch.options})
+    options = dict(arch.options)
+    for part, part_class in getattr(config_class, "sub_configs", {}).items():
+        if part in options:  # a stack with a config of its own (T5Gemma's), sized alike
+            own = {f.name for f in dataclasses.fields(part_class)}
+            options[part] = {**_sized(part_class), "vocab_size": len(tokenizer),
+                             **{key: value for key, value in ids.items()
+                                if key in own and value is not None}, **options[part]}
+    return config_class(**{**kwargs, "vocab_size": len(tokenizer), **options})
+
+
+def _sized(config_class) -> dict:
+    # SIZES under the names the config knows: a field, else an alias of its attribute_map
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    kwargs = {}
+    for key, value in SIZES.items():
+        key = key if key in fields else config_class.attribute_map.get(key, key)
+        if key in fields:
+            kwargs.setdefault(key, value)
+    return kwargs
 
 
 def tiny_checkpoint(name: str, folder: Path, seed: int = 0) -> Path:

@@ -222,8 +222,8 @@ def _singles(model: nn.Module, root: nn.Module, blocks: list[nn.Module],
 
 
 def _final_norm(root: nn.Module, blocks: list[nn.Module], paths: dict[int, str]) -> str | None:
-    """The norm beside the blocks' list: registered after it, or named final (OPT registers
-    its final_layer_norm before its layers)."""
+    """The norm beside the blocks' list: registered after it, or named final or plain
+    ``norm`` (OPT registers its final_layer_norm before its layers, T5Gemma its norm)."""
     listed = paths[id(blocks[0])].rsplit(".", 1)[0]
     parent_path, _, list_name = listed.rpartition(".")
     parent = next((m for m in root.modules() if paths.get(id(m)) == parent_path), None)
@@ -237,7 +237,7 @@ def _final_norm(root: nn.Module, blocks: list[nn.Module], paths: dict[int, str])
                 word in name.lower() for word in ("embed", "rel")):
             if after:
                 return paths[id(child)]
-            if "final" in name.lower():
+            if "final" in name.lower() or name == "norm":
                 named_final = paths[id(child)]
     return named_final
 
