@@ -3,10 +3,11 @@ name, and tiny stand-ins for the Hugging Face checkpoints they name, put in the 
 the real ids, so that ``model.name=gpt2`` loads offline as the docs show it.
 
     docs.jsonl  prompts.jsonl  ids.jsonl  images/{cat,dog}/  pairs.csv  clips/{yes,no}/  clips.csv
-    tiny-clip.json  chats.jsonl  chatml.jinja
+    tiny-clip.json  chats.jsonl  chatml.jinja  pairs.jsonl (text, translation)
     gpt2, facebook/dinov2-with-registers-small, google/vit-base-patch16-224,
     openai/clip-vit-base-patch32, facebook/wav2vec2-base, facebook/wav2vec2-base-960h,
-    llava-hf/llava-1.5-7b-hf, Qwen/Qwen2-VL-2B-Instruct, MCG-NJU/videomae-base
+    llava-hf/llava-1.5-7b-hf, Qwen/Qwen2-VL-2B-Instruct, MCG-NJU/videomae-base,
+    meta-llama/Llama-3.2-1B, t5-small, openai/whisper-base
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ __all__ = ["make_sandbox", "HUB_IDS"]
 HUB_IDS = ("gpt2", "facebook/dinov2-with-registers-small", "google/vit-base-patch16-224",
            "openai/clip-vit-base-patch32", "facebook/wav2vec2-base",
            "facebook/wav2vec2-base-960h", "llava-hf/llava-1.5-7b-hf", "Qwen/Qwen2-VL-2B-Instruct",
-           "MCG-NJU/videomae-base", "meta-llama/Llama-3.2-1B")
+           "MCG-NJU/videomae-base", "meta-llama/Llama-3.2-1B", "t5-small",
+           "openai/whisper-base")
 _TINY_CLIP = {"embed_dim": 16,
               "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "patch_size": 8,
                              "head_width": 16},
@@ -41,7 +43,7 @@ _CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['co
 def make_sandbox(root: Path) -> Path:
     """The sandbox's files in ``root``, and the stand-ins in the Hub cache ($HF_HOME)."""
     from tests.tiny_archs import tiny_checkpoint
-    from tests.tiny_audio import ctc_tokenizer, tiny_wav2vec2, tone, write_wav
+    from tests.tiny_audio import ctc_tokenizer, tiny_wav2vec2, tiny_whisper, tone, write_wav
     from tests.tiny_text import documents, tiny_gpt2, write_jsonl
     from tests.tiny_video import tiny_videomae
     from tests.tiny_vision import CAPTIONS, tiny_clip, tiny_dinov2, tiny_vit
@@ -77,6 +79,10 @@ def make_sandbox(root: Path) -> Path:
                                                   {"role": "assistant", "content": answer}]})
                          + "\n")
     (root / "chatml.jinja").write_text(_CHATML)
+    sources, targets = documents(4, seed=6, low=2, high=8), documents(4, seed=7, low=1, high=6)
+    with (root / "pairs.jsonl").open("w") as stream:  # an encoder-decoder's text and target
+        for source, target in zip(sources, targets, strict=True):
+            stream.write(json.dumps({"text": source, "translation": target}) + "\n")
     made = tempfile.mkdtemp(prefix="probe-docs-models-")
     for hub_id, make in (
             ("gpt2", lambda d: tiny_gpt2(d, layers=12)),
@@ -89,7 +95,9 @@ def make_sandbox(root: Path) -> Path:
             ("llava-hf/llava-1.5-7b-hf", lambda d: tiny_vlm("llava", d)),
             ("Qwen/Qwen2-VL-2B-Instruct", lambda d: tiny_vlm("qwen2_vl", d)),
             ("MCG-NJU/videomae-base", tiny_videomae),
-            ("meta-llama/Llama-3.2-1B", lambda d: tiny_checkpoint("llama", d))):
+            ("meta-llama/Llama-3.2-1B", lambda d: tiny_checkpoint("llama", d)),
+            ("t5-small", lambda d: tiny_checkpoint("t5", d)),
+            ("openai/whisper-base", lambda d: ctc_tokenizer(tiny_whisper(d)))):
         _cache(hub_id, make(Path(made) / hub_id.replace("/", "--")))
     return root
 
