@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import probe
-from probe.errors import ConfigError
+from probe.errors import ConfigError, DataError
 from tests.conftest import no_h5_files
 from tests.tiny_text import documents, write_jsonl
 
@@ -189,4 +189,25 @@ def test_the_decoder_without_a_target_is_one_line(seq2seq, make_cfg, tmp_path):
     said = str(caught.value)
     assert said.startswith(f"{decoder} is in the decoder of ") and "\n" not in said
     assert "dataset.target_column" in said
+    assert no_h5_files(tmp_path)
+
+
+@pytest.mark.parametrize("case", ["decoder-only", "no such column", "empty target",
+                                  "generating with a target"])
+def test_a_bad_target_is_one_line_and_no_file(case, seq2seq, tiny_lm, make_cfg, tmp_path):
+    folder, _, layer, decoder = seq2seq
+    pairs = [*PAIRS[:2], (PAIRS[2][0], "")] if case == "empty target" else PAIRS
+    corpus = _pairs(tmp_path / "pairs.jsonl", pairs)
+    column = "nope" if case == "no such column" else "target"
+    model = tiny_lm if case == "decoder-only" else folder
+    with pytest.raises((ConfigError, DataError)) as caught:
+        probe.run(_cfg(make_cfg, model, "transformer.h.1" if case == "decoder-only" else decoder,
+                       corpus, f"dataset.target_column={column}", "batch_size=3",
+                       *(["generate.max_new_tokens=2"] if case.startswith("generating") else [])))
+    said = str(caught.value)
+    assert "\n" not in said
+    expected = {"decoder-only": "has no decoder", "no such column": "'nope'",
+                "empty target": "not a target text",
+                "generating with a target": "reads either its own answer or the target"}
+    assert expected[case] in said, said
     assert no_h5_files(tmp_path)

@@ -22,6 +22,7 @@ from torch import nn
 from probe.config.schema import GenerateConfig
 from probe.data.feed import Batch
 from probe.data.layouts import Decoded, Positions, RowLayout
+from probe.errors import ConfigError
 from probe.families.base import Answers
 from probe.families.hf_generation import generate_options, new_tokens
 from probe.file.format import DECODER_INPUT_IDS, DECODER_OFFSETS
@@ -96,12 +97,20 @@ def decoded_layout(model: nn.Module, batch: Batch, source: RowLayout) -> RowLayo
     """The layout of an encoder-decoder's batch (``Decoded``): the encoder's values follow
     ``source`` (the feed's positions), the decoder's the target's tokens, or a line refuses
     them where the batch has no target. Any other model's: ``source``."""
-    if not is_encoder_decoder(model) or not isinstance(source, Positions):
+    labels = batch.inputs.get("labels") if isinstance(batch.inputs, dict) else None
+    if not is_encoder_decoder(model):
+        if labels is not None:
+            raise ConfigError(
+                f"dataset.target_column gives {type(model).__name__} a target, which an "
+                "encoder-decoder's decoder reads, and it has no decoder; leave target_column "
+                "out (a prompt and its answer in one text are a decoder-only model's: "
+                "dataset=chat, or generate.max_new_tokens)")
+        return source
+    if not isinstance(source, Positions):
         return source
     encoder = model.get_encoder()
     roots = tuple({*[name for name, module in model.named_modules() if module is encoder],
                    "encoder"})  # its path, and the standard names' prefix
-    labels = batch.inputs.get("labels") if isinstance(batch.inputs, dict) else None
     if labels is None:  # the decoder reads its start token alone
         keep = torch.ones((len(source.keep), 1), dtype=torch.bool)
         start = torch.full((len(keep),), start_token(model), dtype=torch.int32)

@@ -45,6 +45,10 @@ class DecodedGenerationPass(GenerationPass):
         return rows, replace(layout, target=self._answers(answered, read), refusal=None), answers, 1
 
     def rows(self, layout: RowLayout) -> RowLayout:
+        if self._decoded(layout).refusal is None:  # the data gave the decoder a target
+            raise ConfigError("generate.max_new_tokens with a target for the decoder "
+                              "(dataset.target_column): the decoder reads either its own answer "
+                              "or the target; leave one out")
         empty = torch.zeros((0, 0), dtype=torch.bool)
         return replace(self._decoded(layout), refusal=None,
                        target=self._answers(empty, torch.zeros(0, dtype=torch.int32)))
