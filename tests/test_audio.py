@@ -643,3 +643,40 @@ def test_whispers_nll_gradients_are_each_transcripts_loss(make_cfg, clips, tmp_p
                                 lambda out: out.loss)
             np.testing.assert_allclose(f.rows_of("decoder.blocks.0/grad_output", row=i), want,
                                        rtol=1e-4, atol=1e-6)
+
+
+def test_whispers_answers_rows_are_its_decoders_teacher_forced(make_cfg, clips, tmp_path):
+    """generate.max_new_tokens on an encoder-decoder that reads sound: Whisper's own
+    generate(); the decoder's rows of each step equal the model run on the clip with the
+    tokens the steps read, teacher-forced."""
+    from transformers import AutoFeatureExtractor, WhisperConfig, WhisperForConditionalGeneration
+
+    from tests.tiny_audio import ctc_tokenizer
+
+    model_dir = ctc_tokenizer(tiny_whisper(tmp_path / "whisper", seconds=2))
+    torch.manual_seed(1)
+    model = WhisperForConditionalGeneration(WhisperConfig.from_pretrained(model_dir)).eval()
+    model.save_pretrained(model_dir)
+    files = _files(clips)[:3]
+    listing = tmp_path / "clips.jsonl"
+    listing.write_text("".join(json.dumps({"audio": str(p)}) + "\n" for p in files))
+    path = probe.run(make_cfg("model=transformers", f"model.name={model_dir}", "dataset=audio",
+                              f"dataset.path={listing}", "layers=[decoder.blocks.0]",
+                              "generate.max_new_tokens=3", "generate.stop_at_eos=false",
+                              "batch_size=3"))
+    extractor = AutoFeatureExtractor.from_pretrained(model_dir)
+    seen = {}
+    model.model.decoder.layers[0].register_forward_hook(
+        lambda m, a, out: seen.update(v=out[0] if isinstance(out, tuple) else out))
+    with probe.open(path) as f:
+        ends, read = f["decoder_offsets"][:], f["decoder_input_ids"][:]
+        assert (np.diff(ends) == 3).all()  # a row per new token
+        for i, file in enumerate(files):
+            inputs = extractor(read_wav(file)[0], sampling_rate=16000, return_tensors="pt")
+            with torch.no_grad():
+                logits = model(input_features=inputs["input_features"], decoder_input_ids=(
+                    torch.as_tensor(read[ends[i]:ends[i + 1]], dtype=torch.long)[None])).logits
+            np.testing.assert_allclose(f.rows_of("decoder.blocks.0/output", row=i),
+                                       seen["v"][0].numpy(), rtol=1e-4, atol=1e-5)
+            # each token read is the argmax of the step before (greedy)
+            assert logits[0, :-1].argmax(-1).tolist() == read[ends[i] + 1:ends[i + 1]].tolist()

@@ -11,7 +11,8 @@ encoder-decoder (Whisper) runs its encoder, and its decoder on each clip's trans
 (``dataset.transcript_column``, tokenized by the checkpoint's tokenizer as a target),
 teacher-forced, with a row per transcript token (probe.families.hf_seq2seq); without a
 transcript, on its start token only (not at all when every hooked layer is in the encoder),
-its layers refused. Objectives: ``top1`` and ``target`` of an audio classification head;
+its layers refused; generating (``generate.max_new_tokens``), on the steps of its own
+``generate()``. Objectives: ``top1`` and ``target`` of an audio classification head;
 ``nll`` of a CTC head, the CTC loss of each clip's transcript, and of an encoder-decoder, the
 transcript's loss through its decoder.
 """
@@ -23,19 +24,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 import torch
+from omegaconf import DictConfig
 from torch import nn
 
-from probe.config.schema import Reduce
+from probe.config.schema import GenerateConfig, Reduce
 from probe.data.feed import Batch, DataKind, Feed
 from probe.data.layouts import RowLayout
 from probe.errors import ConfigError
-from probe.families.base import Family
+from probe.families.base import Answers, Family
 from probe.families.hf_attention import eager_patterns
 from probe.families.hf_generation import nll
 from probe.families.hf_names import hf_names
 from probe.families.hf_seq2seq import (
     IGNORED,
     decoded_layout,
+    generate_decoded,
     is_encoder_decoder,
     with_decoder_start,
 )
@@ -99,6 +102,21 @@ class AudioFamily(Family):
         # the transcript or its start token; a run that hooks the encoder alone stops before
         # the decoder
         return model(**with_decoder_start(model, inputs))
+
+    def detokenizer(self, model_cfg: DictConfig) -> Callable[[list[list[int]]], list[str]]:
+        # loaded when an answer is decoded: generate() refuses a model that writes none first
+        name = str(model_cfg.name)
+        return lambda ids: _tokenizer_of(name).batch_decode(ids, skip_special_tokens=True)
+
+    def generate(self, model: nn.Module, inputs: dict, settings: GenerateConfig,
+                 all_logits: bool = False) -> Answers:
+        if not is_encoder_decoder(model):  # a CTC head or an encoder writes no answer
+            return Family.generate(self, model, inputs, settings, all_logits)
+        # Whisper's own generate(): its answer is its decoder's (probe.families.hf_seq2seq)
+        return generate_decoded(model, inputs, settings)
+
+    def decodes_answers(self, model: nn.Module) -> bool:
+        return is_encoder_decoder(model)
 
     def logits(self, output) -> torch.Tensor | None:
         return getattr(output, "logits", None)

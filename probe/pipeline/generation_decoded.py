@@ -1,13 +1,14 @@
-"""Generation by an encoder-decoder (T5, BART, Marian, ...): its encoder reads each prompt once,
-as fed, and its decoder answers a token a step (``generate.max_new_tokens=K``), the hooks on
-through every step.
+"""Generation by an encoder-decoder (T5, BART, Marian, Whisper, ...): its encoder reads each
+prompt (a text, a clip) once, as fed, and its decoder answers a token a step
+(``generate.max_new_tokens=K``), the hooks on through every step.
 
-The encoder's rows are the prompt's (/offsets, /input_ids). The decoder's are the answer's,
-bounded by /decoder_offsets: one per new token, up to and with its end token, each the row of
-the step that predicted it, with the token that step read in /decoder_input_ids (the start
-token, then the answer's). So a decoder row of a generated token is the row that a target of
-the same tokens gives teacher-forced (``dataset.target_column``). Attention patterns and
-gradients are refused as for a decoder-only generation; ``/completion`` holds each answer.
+The encoder's rows are the prompt's (/offsets). The decoder's are the answer's, bounded by
+/decoder_offsets: one per token of the decoder's sequence after its start token (tokens its
+generation config puts first, as Whisper's language and task, then the new ones), up to and
+with its end token, each the row of the step that predicted it, with the token that step read
+in /decoder_input_ids. So a decoder row of a generated token is the row that a target of the
+same tokens gives teacher-forced (``dataset.target_column``). Attention patterns and gradients
+are refused as for a decoder-only generation; ``/completion`` holds each answer.
 """
 
 from __future__ import annotations
