@@ -211,3 +211,34 @@ def test_a_bad_target_is_one_line_and_no_file(case, seq2seq, tiny_lm, make_cfg, 
                 "generating with a target": "reads either its own answer or the target"}
     assert expected[case] in said, said
     assert no_h5_files(tmp_path)
+
+
+def test_readers_bound_the_decoders_rows_by_their_own_offsets(seq2seq, make_cfg, tmp_path):
+    """xarray, parquet and compare read a decoder key by /decoder_offsets: its coordinates are
+    the decoder's tokens; compare, which pairs texts' tokens, says in one line it does not pair
+    them yet."""
+    pytest.importorskip("xarray")
+    pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from probe.analyses.compare import compare
+    from probe.file.exports import export
+
+    folder, _, layer, decoder = seq2seq
+    path = probe.run(_cfg(make_cfg, folder, f"{layer},{decoder}", _pairs(tmp_path / "p.jsonl"),
+                          "dataset.target_column=target"))
+    key = f"{decoder}/output"
+    with probe.open(path) as f, h5py.File(path) as h:
+        array = f.to_xarray(key)
+        ends, read = h["decoder_offsets"][:], h["decoder_input_ids"][:]
+        assert array.shape[0] == ends[-1] != h["offsets"][-1]
+        np.testing.assert_array_equal(array["decoder_input_ids"].values, read)
+        np.testing.assert_array_equal(array["sample"].values,
+                                      np.repeat(np.arange(len(PAIRS)), np.diff(ends)))
+    export(path, "parquet", keys=[key], out_dir=tmp_path / "pq")
+    table = pq.read_table(next((tmp_path / "pq").glob("*.parquet")))
+    assert table.num_rows == ends[-1]
+    assert table.column("decoder_input_ids").to_pylist() == read.tolist()
+    with pytest.raises(ConfigError, match="does not pair yet") as caught:
+        compare(path, keys=[key])
+    assert "\n" not in str(caught.value)

@@ -37,7 +37,11 @@ from probe.file.format import DatasetSpec
 log = logging.getLogger(__name__)
 
 __all__ = ["DataKind", "Feed", "Batch", "Batching", "ModelLimits", "batch_loader", "bad_sample",
-           "leave_stop_signals_to_the_run", "LoadedItems", "loadable"]
+           "leave_stop_signals_to_the_run", "LoadedItems", "loadable", "IGNORED_TARGET"]
+
+# a target's padding in a batch's ``labels`` (an encoder-decoder's target), as transformers pads
+# one: its losses skip it
+IGNORED_TARGET = -100
 
 
 class DataKind(Enum):

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from probe.config.schema import GenerateConfig
+from probe.data.feed import IGNORED_TARGET
 from probe.errors import ConfigError
 from probe.families.base import Answers
 
@@ -93,7 +94,7 @@ def nll(logits: torch.Tensor, batch) -> torch.Tensor:
     target's tokens, which its decoder's logits predict position by position."""
     labels = batch.inputs.get("labels")
     if labels is not None:
-        counted = (labels != -100).float()  # a target's padding, as transformers pads it
+        counted = (labels != IGNORED_TARGET).float()  # a target's padding
         losses = nn.functional.cross_entropy(logits.transpose(1, 2).float(),
                                              labels.clamp_min(0), reduction="none")
         return (losses * counted).sum(1) / counted.sum(1).clamp_min(1)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from probe.config.schema import GenerateConfig
-from probe.data.feed import Batch
+from probe.data.feed import IGNORED_TARGET, Batch
 from probe.data.layouts import Decoded, Positions, RowLayout
 from probe.errors import ConfigError
 from probe.families.base import Answers
@@ -30,7 +30,7 @@ from probe.file.format import DECODER_INPUT_IDS, DECODER_OFFSETS
 __all__ = ["is_encoder_decoder", "with_decoder_start", "decoder_input_ids", "start_token",
            "decoded_layout", "generate_decoded", "IGNORED"]
 
-IGNORED = -100  # a target's padding, as transformers' losses skip it
+IGNORED = IGNORED_TARGET  # a target's padding, as transformers' losses skip it
 
 
 def is_encoder_decoder(model: nn.Module) -> bool:

@@ -73,20 +73,20 @@ def data_array(f: Mapping, key: str) -> xr.DataArray:
 
     coords = {}
     if per_token:
-        stream = bounds_of(dataset.attrs)
-        bounds = _Offsets(f._file[stream], f.num_rows)
+        bounded_by = bounds_of(dataset.attrs)
+        bounds = _Offsets(f._file[bounded_by], f.num_rows)
         coords["sample"] = (dims[0], lazy(_SampleOfRow(bounds, rows)))
         for name in (INDEX, TARGET):
             if name in f:
                 coords[name] = (dims[0], lazy(_PerSample(_Rows(f[name], f.num_rows), bounds,
                                                          rows)))
-        names = BOUNDED_COORDS.get(stream, ())
+        names = BOUNDED_COORDS.get(bounded_by, ())
     else:
         names = SAMPLE_COORDS
     for name in names:
         if name in f and f[name].ndim == 1 and len(f[name]) >= rows:
             coords[name] = (dims[0], lazy(_Rows(f[name], rows)))
-    if per_token and stream == OFFSETS and PATCH in f and len(f[PATCH]) >= rows:
+    if per_token and bounded_by == OFFSETS and PATCH in f and len(f[PATCH]) >= rows:
         # a token row's place on its image's patch grid (-1 for text): a coordinate each
         for column, name in enumerate(("patch_row", "patch_column")):
             coords[name] = (dims[0], lazy(_Column(_Rows(f[PATCH], rows), column)))

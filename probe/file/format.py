@@ -148,7 +148,7 @@ class Attr:
 def bounds_of(attrs) -> str:
     """The dataset that bounds each sample's rows of a dataset of rows per token (its attrs):
     /offsets, or the one its ``offsets`` attr names (an encoder-decoder's decoder rows)."""
-    return str(attrs.get(Attr.OFFSETS, OFFSETS))
+    return str(attrs.get(Attr.OFFSETS, DEFAULT_BOUNDS))
 
 
 def dataset_key(layer: str, kind: str) -> str:
@@ -226,7 +226,7 @@ class DatasetSpec:
     attrs: dict = field(default_factory=dict)
     compressible: bool = True  # index and target stay unfiltered, like the rows' bookkeeping
     per_position: bool = False  # one row per stored position (token) instead of per sample
-    bounds: str = OFFSETS  # with per_position: the dataset that bounds each sample's rows
+    bounds: str = DEFAULT_BOUNDS  # with per_position: the dataset that bounds its rows
 
     @property
     def stored_dtype(self) -> np.dtype:

@@ -11,7 +11,7 @@ import numpy as np
 
 from probe.analyses.stats import match_index, read_rows
 from probe.errors import ConfigError, DataError
-from probe.file.format import INPUT_IDS, Attr
+from probe.file.format import INPUT_IDS, OFFSETS, Attr, bounds_of
 from probe.file.read import FeatureFile
 from probe.file.recorded import loads
 
@@ -126,9 +126,9 @@ def _row_kind(fa: FeatureFile, keys_a: list[str], fb: FeatureFile | None,
             f"{token} holds one row per token (tokens=all) and {sample} one row per sample; "
             "compare keys of one kind of rows (pick them with keys= and other_keys=), or run "
             "probe with tokens=last or tokens=mean for one row per document")
-    decoded = [key for key in keys_a if kinds[key] and fa[key].attrs.get("offsets")] + [
+    decoded = [key for key in keys_a if kinds[key] and bounds_of(fa[key].attrs) != OFFSETS] + [
         f"other's {key}" for key in keys_b if fb is not None and fb.per_token(key)
-        and fb[key].attrs.get("offsets")]
+        and bounds_of(fb[key].attrs) != OFFSETS]
     if decoded:  # an encoder-decoder's decoder rows: a target's tokens, not the text's
         raise ConfigError(
             f"{decoded[0]} holds a row per token of a decoder's target (/decoder_offsets), "

@@ -26,7 +26,16 @@ from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 
 from probe.data.buckets import plan_batches, planned_batches
-from probe.data.feed import Batch, Batching, DataKind, Feed, LoadedItems, ModelLimits, loadable
+from probe.data.feed import (
+    IGNORED_TARGET,
+    Batch,
+    Batching,
+    DataKind,
+    Feed,
+    LoadedItems,
+    ModelLimits,
+    loadable,
+)
 from probe.data.layouts import Positions
 from probe.data.selection import OpenSelection, Selection
 from probe.data.text.stream import stream_items
@@ -36,8 +45,6 @@ from probe.file.format import DOCUMENT, INPUT_IDS, POSITIONS, DatasetSpec
 __all__ = ["TextFeed", "Sequences"]
 
 log = logging.getLogger(__name__)
-
-IGNORED_LABEL = -100  # a target's padding, which transformers' losses skip
 
 
 class Sequences(Protocol):
@@ -196,7 +203,7 @@ class TextFeed(Feed):
         if items[0].get("labels") is not None:  # an encoder-decoder's target, padded as
             # transformers pads one (probe.families.hf_seq2seq reads it)
             inputs["labels"] = pad_sequence([torch.as_tensor(item["labels"]) for item in items],
-                                            batch_first=True, padding_value=IGNORED_LABEL)
+                                            batch_first=True, padding_value=IGNORED_TARGET)
         return Batch(index, torch.tensor([item["target"] for item in items], dtype=torch.int64),
                      inputs,
                      layout=Positions(keep, rows, answer_fill=items[0].get("answer_fill", {})),
