@@ -231,6 +231,17 @@ def test_a_vision_language_model_names_its_language_model_and_vision_tower(make_
         verified = json.loads(f.attrs["verified"])
         assert verified["blocks"].startswith("pass")
         assert verified["vision.blocks"].startswith("not checked")
+    # a standard name's rows are its module's: the vision tower's layout pools them, a row
+    # per image, whichever name the layer is given by
+    rows = {}
+    for layer in ("vision.blocks.1", "model.vision_tower.encoder.layers.1"):
+        path = probe.run(make_cfg("model=transformers", f"model.name={folder}", "dataset=pairs",
+                                  f"dataset.path={pairs}", "tokens=mean", f"layers=[{layer}]",
+                                  output=tmp_path / f"{layer}.h5"))
+        with h5py.File(path) as f:
+            rows[layer] = f[f"{layer}/output"][:]
+            assert list(f[f"{layer}/output"].attrs["dims"]) == ["sample", "feature"]
+    np.testing.assert_array_equal(*rows.values())
 
 
 def test_shards_of_a_depth_fraction_merge_into_the_unsharded_run(make_cfg, models, corpus,

@@ -56,6 +56,7 @@ PARTS = MappingProxyType({
     "vision": ("model.vision_tower", "model.visual", "model.vision_model"),
     "language": ("model.language_model", "model.text_model", "lm_head"),
 })
+STANDARD_PREFIX = MappingProxyType({"vision": ("vision",)})  # the standard names' stack
 
 
 def is_vision_language(cls: type) -> bool:
@@ -300,16 +301,19 @@ def _part_layouts(model: nn.Module, batch: Batch) -> tuple[tuple[tuple[str, ...]
     for part in ("projector", "vision"):
         if not roots[part]:
             continue
+        # the vision tower's layers by path, and by their standard names (vision.blocks.N:
+        # probe.families.hf_names), which must be stored as their modules are
+        named = (*roots[part], *STANDARD_PREFIX.get(part, ()))
         if line is not None:
-            layouts.append((roots[part], line.format(model=model_name,
-                                                     layer=", ".join(roots[part]))))
+            layouts.append((named, line.format(model=model_name,
+                                               layer=", ".join(roots[part]))))
         elif part == "vision":
             vision = modules[roots[part][0]]
-            layouts.append((roots[part], vision_layout(config.vision_config, vision,
-                                                       pixels.shape[-2:])))
+            layouts.append((named, vision_layout(config.vision_config, vision,
+                                                 pixels.shape[-2:])))
         else:
             side = _side(config)
-            layouts.append((roots[part], PatchGrid(0, (side, side)) if side else SAMPLE_ROWS))
+            layouts.append((named, PatchGrid(0, (side, side)) if side else SAMPLE_ROWS))
     return tuple(layouts)
 
 
