@@ -242,3 +242,46 @@ def test_readers_bound_the_decoders_rows_by_their_own_offsets(seq2seq, make_cfg,
     with pytest.raises(ConfigError, match="does not pair yet") as caught:
         compare(path, keys=[key])
     assert "\n" not in str(caught.value)
+
+
+def test_an_intervention_in_the_decoder_changes_its_rows_as_the_model_alone(seq2seq, make_cfg,
+                                                                           tmp_path):
+    """+intervene in an encoder-decoder: every position of the module (its calls hold two
+    sequences, a text and a target: other positions are one line)."""
+    from omegaconf import OmegaConf
+
+    folder, model, _, decoder = seq2seq
+    modules = dict(model.named_modules())
+    at = {"t5": "decoder.block.0.layer.1", "bart": "model.decoder.layers.0.encoder_attn"}[
+        "t5" if "T5" in type(model).__name__ else "bart"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    # a batch whose text and target pad to the same length, each padded where the other is
+    # not: the text's mask, read as the target's, would leave target tokens unchanged
+    pairs = [("cat", "sat on"), ("sat on", "cat")]
+    counts = [(len(tokenizer(a)["input_ids"]), len(tokenizer(text_target=b)["input_ids"]))
+              for a, b in pairs]
+    assert counts[0][0] < counts[0][1] and counts[0][::-1] == counts[1], counts
+    corpus = _pairs(tmp_path / "p.jsonl", pairs)
+    cfg = _cfg(make_cfg, folder, decoder, corpus, "dataset.target_column=target")
+    cfg.intervene = OmegaConf.create([{"at": at, "do": "zero"}])
+    path = probe.run(cfg)
+
+    def zero(module, args, out):
+        return (torch.zeros_like(out[0]), *out[1:]) if isinstance(out, tuple) else out * 0
+
+    handle = modules[at].register_forward_hook(zero)
+    try:
+        with probe.open(path) as f:
+            for n, (text, target) in enumerate(pairs):
+                labels = torch.tensor([tokenizer(text_target=target)["input_ids"]])
+                shifted = model.prepare_decoder_input_ids_from_labels(labels=labels)[0]
+                want = _alone(model, modules[decoder], tokenizer(text)["input_ids"], shifted)
+                np.testing.assert_allclose(f.rows_of(f"{decoder}/output", row=n), want,
+                                           rtol=1e-5, atol=1e-5)
+    finally:
+        handle.remove()
+    cfg.intervene = OmegaConf.create([{"at": at, "do": "zero", "positions": "last"}])
+    cfg.output.path = str(tmp_path / "last.h5")
+    with pytest.raises(ConfigError, match="hold two sequences") as caught:
+        probe.run(cfg)
+    assert "\n" not in str(caught.value)

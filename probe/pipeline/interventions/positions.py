@@ -27,10 +27,15 @@ class CallPositions:
     def __init__(self) -> None:
         self.current: torch.Tensor | None = None  # (B, T): each token's position, -1 padding
         self.prompt: torch.Tensor | None = None  # (B,): each prompt's real tokens
+        self.two_sequences = False  # an encoder-decoder's call: a text and a target or answer
 
     def read(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """A forward pre-hook (with kwargs) on the model: note the call's positions."""
-        self.current = _positions(args, kwargs)
+        # an encoder-decoder's modules run on one of two sequences, whose positions the call's
+        # one mask does not tell apart (a decoder's value of as many positions as the text
+        # would take the text's): only all of a value is changed there
+        self.two_sequences = any(kwargs.get(name) is not None for name in _DECODER_INPUTS)
+        self.current = None if self.two_sequences else _positions(args, kwargs)
         if self.prompt is None and self.current is not None:
             self.prompt = self.current.max(1).values + 1
 
@@ -49,6 +54,11 @@ class CallPositions:
         if not lies:
             if positions == "all":
                 return None
+            if self.two_sequences:
+                raise ConfigError(
+                    f"{where}: positions={_said(positions)} in an encoder-decoder, whose calls "
+                    "hold two sequences (the encoder's text, the decoder's target or answer); "
+                    "use positions=all")
             if _last_alone(value, current):
                 raise ConfigError(
                     f"{where}: positions={_said(positions)} at a module that computes only the "
@@ -79,6 +89,9 @@ class CallPositions:
                               f"{int(self.prompt[sample])} positions (the batch's sample "
                               f"{sample}); use positions that every sample has")
         return (current[..., None] == wanted[:, None, :]).any(-1)
+
+
+_DECODER_INPUTS = ("decoder_input_ids", "decoder_inputs_embeds", "encoder_outputs")
 
 
 def _last_alone(value: torch.Tensor, current: torch.Tensor | None) -> bool:
