@@ -163,22 +163,37 @@ def test_a_generated_tokens_row_is_its_teacher_forced_row(seq2seq, make_cfg, tmp
                                    generated[ends[n]:ends[n + 1]], rtol=1e-4, atol=1e-5)
 
 
-def test_cross_attention_patterns_sum_to_one_over_the_texts_tokens(seq2seq, make_cfg,
-                                                                   tmp_path):
-    folder, _, _, _ = seq2seq
-    name = "decoder.blocks.1.cross_attention"
-    path = probe.run(_cfg(make_cfg, folder, name, _pairs(tmp_path / "p.jsonl"),
+def test_the_decoders_patterns_are_the_eager_models(seq2seq, make_cfg, tmp_path):
+    """hooks=[attention] on the decoder's self-attention and cross-attention: each target
+    token's weights over the target's tokens before it, and over the text's tokens (zeros
+    after each sample's), equal to the eager model's output_attentions on the pair alone."""
+    folder, model, _, _ = seq2seq
+    names = ("decoder.blocks.1.attention", "decoder.blocks.1.cross_attention")
+    path = probe.run(_cfg(make_cfg, folder, ",".join(names), _pairs(tmp_path / "p.jsonl"),
                           "dataset.target_column=target", "hooks=[attention]",
                           "dataset.max_length=16"))
     with h5py.File(path) as f:
         bounds, ends = f["offsets"][:], f["decoder_offsets"][:]
-        patterns = f[f"{name}/attention"][:]
-    assert patterns.shape[0] == ends[-1] and patterns.shape[-1] == 16
-    for n in range(len(PAIRS)):
-        rows = patterns[ends[n]:ends[n + 1]]
-        length = bounds[n + 1] - bounds[n]
-        np.testing.assert_allclose(rows.sum(-1), 1, atol=1e-5)
-        assert not rows[..., length:].any()  # zeros after the text's tokens
+        ids, read = f["input_ids"][:], f["decoder_input_ids"][:]
+        patterns = {name: f[f"{name}/attention"][:] for name in names}
+    assert all(p.shape[0] == ends[-1] and p.shape[-1] == 16 for p in patterns.values())
+    before = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        for n in range(len(PAIRS)):
+            source = torch.as_tensor(ids[bounds[n]:bounds[n + 1]], dtype=torch.long)[None]
+            target = torch.as_tensor(read[ends[n]:ends[n + 1]], dtype=torch.long)[None]
+            with torch.no_grad():
+                out = model(input_ids=source, decoder_input_ids=target, output_attentions=True)
+            for name, eager in zip(names, (out.decoder_attentions[1], out.cross_attentions[1]),
+                                   strict=True):
+                rows = patterns[name][ends[n]:ends[n + 1]]  # (queries, heads, 16)
+                keys = eager.shape[-1]
+                np.testing.assert_allclose(rows[..., :keys].transpose(1, 0, 2), eager[0].numpy(),
+                                           rtol=1e-5, atol=1e-6)
+                assert not rows[..., keys:].any()  # zeros after the sample's keys
+    finally:
+        model.set_attn_implementation(before)
 
 
 def test_the_decoder_without_a_target_is_one_line(seq2seq, make_cfg, tmp_path):
