@@ -39,7 +39,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import probe  # noqa: E402
+from benchmarks.bench_text import probe_run  # noqa: E402
 from probe.config.compose import compose  # noqa: E402
 from tests.tiny_archs import word_tokenizer  # noqa: E402
 from tests.tiny_text import WORDS  # noqa: E402
@@ -76,14 +76,6 @@ def _cfg(model_dir: Path, data: Path, out: Path, *extra: str):
     return compose(["model=transformers", f"model.name={model_dir}", "dataset=text",
                     f"dataset.path={data}", f"layers=[{LAYERS}]", "batch_size=16",
                     f"output.path={out}", "output.overwrite=true", "device=cpu", *extra])
-
-
-def probe_run(cfg, model, dataset) -> float:
-    started = time.perf_counter()
-    probe.execute(probe.plan(cfg, model=model, dataset=dataset))
-    elapsed = time.perf_counter() - started
-    Path(cfg.output.path).unlink()
-    return elapsed
 
 
 def padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from probe.config.schema import GenerateConfig, Reduce
-from probe.data.feed import Batch, DataKind, Feed
+from probe.data.feed import IGNORED_TARGET, Batch, DataKind, Feed
 from probe.data.layouts import RowLayout
 from probe.errors import ConfigError
 from probe.families.base import Answers, Family
@@ -36,7 +36,6 @@ from probe.families.hf_attention import eager_patterns
 from probe.families.hf_generation import nll
 from probe.families.hf_names import hf_names
 from probe.families.hf_seq2seq import (
-    IGNORED,
     decoded_layout,
     generate_decoded,
     is_encoder_decoder,
@@ -169,7 +168,7 @@ def with_transcript(model: nn.Module, batch: Batch) -> Batch:
         # a tokenizer that puts the start token first (Whisper's): the shift puts it there
         # again, so it goes, as transformers' own recipe for Whisper's targets does
         rows.append(torch.tensor(ids[1:] if ids and ids[0] == start else ids))
-    labels = nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=IGNORED)
+    labels = nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=IGNORED_TARGET)
     device = next(iter(batch.inputs.values())).device
     return replace(batch, inputs={**batch.inputs, "labels": labels.to(device)})
 

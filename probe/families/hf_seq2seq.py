@@ -28,9 +28,7 @@ from probe.families.hf_generation import generate_options, new_tokens
 from probe.file.format import DECODER_INPUT_IDS, DECODER_OFFSETS
 
 __all__ = ["is_encoder_decoder", "with_decoder_start", "decoder_input_ids", "start_token",
-           "decoded_layout", "generate_decoded", "IGNORED"]
-
-IGNORED = IGNORED_TARGET  # a target's padding, as transformers' losses skip it
+           "decoded_layout", "generate_decoded"]
 
 
 def is_encoder_decoder(model: nn.Module) -> bool:
@@ -72,7 +70,7 @@ def with_decoder_start(model: nn.Module, inputs: dict) -> dict:
         labels = inputs["labels"]
         given = {key: value for key, value in inputs.items() if key != "labels"}
         return {**given, "decoder_input_ids": decoder_input_ids(model, labels),
-                "decoder_attention_mask": (labels != IGNORED).long()}
+                "decoder_attention_mask": (labels != IGNORED_TARGET).long()}
     ids = inputs["input_ids"] if "input_ids" in inputs else next(iter(inputs.values()))
     return {**inputs, "decoder_input_ids": torch.full((len(ids), 1), start_token(model),
                                                      dtype=torch.long, device=ids.device)}
@@ -117,7 +115,7 @@ def decoded_layout(model: nn.Module, batch: Batch, source: RowLayout) -> RowLayo
         target = Positions(keep, {DECODER_INPUT_IDS: start}, bounds=DECODER_OFFSETS)
         return Decoded(source, target, roots, _WITHOUT_TARGET.format(
             model=type(model).__name__, layer="{layer}"))
-    keep = (labels != IGNORED).cpu()
+    keep = (labels != IGNORED_TARGET).cpu()
     read = decoder_input_ids(model, labels).cpu()
     target = Positions(keep, {DECODER_INPUT_IDS: read[keep].to(torch.int32)},
                        bounds=DECODER_OFFSETS)

@@ -16,7 +16,7 @@ from probe.data.layouts.positions import Positions
 from probe.errors import ConfigError
 from probe.file.format import DatasetSpec, split_key
 
-__all__ = ["ImageText", "Refused"]
+__all__ = ["ImageText"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class ImageText:
         # the layout that ``key``'s values follow: the language model's, or its part's
         part = self._part(split_key(key)[0])
         if isinstance(part, str):
-            return Refused(part)
+            return _Refused(part)
         return self.text if part is None else part
 
     def follows(self, key: str, shape: tuple[int, ...], axes: Axes) -> bool:
@@ -93,7 +93,7 @@ class ImageText:
 
 
 @dataclass(frozen=True)
-class Refused(Rows):
+class _Refused(Rows):
     """The layout of a model part whose layers this batch cannot store: each ask says why."""
 
     line: str
